@@ -1,0 +1,492 @@
+// Package spec reads a fleet declaration (YAML), checks all of it, and
+// expands its templates into the concrete namespaces nsfleet must make.
+//
+// Nothing here touches the kernel: a spec that is refused is refused before
+// anything is created. Every error carries the file and line of the template
+// it comes from, and the index that produced a bad name.
+package spec
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// MaxCount bounds one template's count even where the kernel's limit is higher:
+// past it, a typo (an extra zero) would try to build a fleet no machine holds.
+const MaxCount = 1_000_000
+
+// Options tune Load and Parse. The zero value is the default.
+type Options struct {
+	// MaxNamespaces refuses a spec whose total count is above it
+	// (normally /proc/sys/user/max_net_namespaces). Zero means MaxCount.
+	MaxNamespaces int
+}
+
+// Fleet is an expanded, validated spec: the namespaces in declaration order.
+type Fleet struct {
+	Source     string // the file it came from, for messages
+	Namespaces []Namespace
+	byName     map[string]int
+}
+
+// Namespace is one network namespace as the spec wants it.
+type Namespace struct {
+	Name     string
+	Origin   Origin
+	Loopback bool // true: lo is up
+	Sysctls  []Sysctl
+	Veths    []Veth
+	Routes   []Route
+}
+
+// Origin says where a namespace was declared.
+type Origin struct {
+	File     string
+	Line     int
+	Template string
+	Index    int
+}
+
+func (o Origin) String() string {
+	return fmt.Sprintf("%s:%d: template %q index %d", o.File, o.Line, o.Template, o.Index)
+}
+
+// Sysctl is one per-namespace sysctl: Key in dotted form (net.ipv4.ip_forward).
+type Sysctl struct {
+	Key   string
+	Value string
+}
+
+// Veth is a pair whose Host end lives in nsfleet's own namespace and whose Peer
+// end is created directly inside the namespace.
+type Veth struct {
+	Host      string
+	Peer      string
+	MTU       int // 0: the kernel's default
+	Up        bool
+	HostAddrs []netip.Prefix
+	PeerAddrs []netip.Prefix
+}
+
+// Route is a route inside the namespace. A zero To means the default route.
+type Route struct {
+	To  netip.Prefix
+	Via netip.Addr
+	Dev string // optional; when empty the kernel picks the device from Via
+}
+
+// Lookup returns the namespace called name.
+func (f *Fleet) Lookup(name string) (*Namespace, bool) {
+	i, ok := f.byName[name]
+	if !ok {
+		return nil, false
+	}
+	return &f.Namespaces[i], true
+}
+
+// Names returns the namespace names in declaration order.
+func (f *Fleet) Names() []string {
+	out := make([]string, len(f.Namespaces))
+	for i := range f.Namespaces {
+		out[i] = f.Namespaces[i].Name
+	}
+	return out
+}
+
+// Error is a problem in a spec file, with the line it is on.
+type Error struct {
+	File string
+	Line int
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", e.File, e.Msg)
+}
+
+// ErrInvalid is matched by errors.Is for every spec error.
+var ErrInvalid = errors.New("invalid spec")
+
+func (e *Error) Is(target error) bool { return target == ErrInvalid }
+
+// Load reads and parses the spec file at path.
+func Load(path string, opts Options) (*Fleet, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read spec: %w", err)
+	}
+	return Parse(path, data, opts)
+}
+
+// file mirrors the YAML document. Unknown keys are refused.
+type file struct {
+	Namespaces []template `yaml:"namespaces"`
+}
+
+type template struct {
+	Name     string            `yaml:"name"`
+	Count    *int              `yaml:"count"`
+	Start    *int              `yaml:"start"`
+	Loopback string            `yaml:"loopback"`
+	Sysctls  map[string]string `yaml:"sysctls"`
+	Veths    []vethTemplate    `yaml:"veths"`
+	Routes   []routeTemplate   `yaml:"routes"`
+}
+
+type vethTemplate struct {
+	Host          string   `yaml:"host"`
+	Peer          string   `yaml:"peer"`
+	MTU           int      `yaml:"mtu"`
+	Up            bool     `yaml:"up"`
+	HostAddresses []string `yaml:"host_addresses"`
+	PeerAddresses []string `yaml:"peer_addresses"`
+}
+
+type routeTemplate struct {
+	To  string `yaml:"to"`
+	Via string `yaml:"via"`
+	Dev string `yaml:"dev"`
+}
+
+// lines holds the source line of each template and of each of its veths/routes.
+type lines struct {
+	template []int
+	veth     [][]int
+	route    [][]int
+}
+
+// Parse parses and validates a spec, then expands it.
+func Parse(path string, data []byte, opts Options) (*Fleet, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, yamlError(path, err)
+	}
+	if doc.Kind == 0 {
+		return nil, &Error{File: path, Msg: "empty spec: want a top-level 'namespaces:' list"}
+	}
+	var f file
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, yamlError(path, err)
+	}
+	if len(f.Namespaces) == 0 {
+		return nil, &Error{File: path, Line: 1, Msg: "no namespaces declared: want a top-level 'namespaces:' list"}
+	}
+	ln := findLines(&doc, len(f.Namespaces))
+	return expandAll(path, f, ln, opts)
+}
+
+func yamlError(path string, err error) error {
+	// yaml.v3 messages look like "yaml: line 7: ..." or, for type errors,
+	// "yaml: unmarshal errors:\n  line 7: ...". Keep the line, drop the noise.
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	msg = strings.TrimPrefix(msg, "unmarshal errors:\n")
+	var parts []string
+	line := 0
+	for _, p := range strings.Split(msg, "\n") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		var n int
+		if _, err := fmt.Sscanf(p, "line %d:", &n); err == nil {
+			if line == 0 {
+				line = n
+			}
+			if len(parts) == 0 {
+				p = strings.TrimSpace(p[strings.IndexByte(p, ':')+1:])
+			}
+		}
+		parts = append(parts, p)
+	}
+	return &Error{File: path, Line: line, Msg: strings.Join(parts, "; ")}
+}
+
+func findLines(doc *yaml.Node, n int) lines {
+	ln := lines{template: make([]int, n), veth: make([][]int, n), route: make([][]int, n)}
+	root := doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
+		root = root.Content[0]
+	}
+	seq := mappingValue(root, "namespaces")
+	if seq == nil || seq.Kind != yaml.SequenceNode {
+		return ln
+	}
+	for i, item := range seq.Content {
+		if i >= n {
+			break
+		}
+		ln.template[i] = item.Line
+		if v := mappingValue(item, "veths"); v != nil {
+			for _, c := range v.Content {
+				ln.veth[i] = append(ln.veth[i], c.Line)
+			}
+		}
+		if r := mappingValue(item, "routes"); r != nil {
+			for _, c := range r.Content {
+				ln.route[i] = append(ln.route[i], c.Line)
+			}
+		}
+	}
+	return ln
+}
+
+func mappingValue(m *yaml.Node, key string) *yaml.Node {
+	if m == nil || m.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i+1]
+		}
+	}
+	return nil
+}
+
+func lineAt(ls []int, i, fallback int) int {
+	if i < len(ls) && ls[i] > 0 {
+		return ls[i]
+	}
+	return fallback
+}
+
+// expandAll validates every template, then produces the namespaces, checking
+// names produced by different templates against each other.
+func expandAll(path string, f file, ln lines, opts Options) (*Fleet, error) {
+	limit := opts.MaxNamespaces
+	if limit <= 0 || limit > MaxCount {
+		limit = MaxCount
+	}
+	total := 0
+	for ti, t := range f.Namespaces {
+		line := ln.template[ti]
+		bad := func(format string, a ...any) error {
+			return &Error{File: path, Line: line, Msg: fmt.Sprintf("template %q: ", t.Name) + fmt.Sprintf(format, a...)}
+		}
+		if t.Name == "" {
+			return nil, bad("missing 'name'")
+		}
+		count := 1
+		if t.Count != nil {
+			count = *t.Count
+		}
+		if count < 0 {
+			return nil, bad("count %d is negative", count)
+		}
+		if count > MaxCount {
+			return nil, bad("count %d is above nsfleet's limit of %d", count, MaxCount)
+		}
+		if count > 1 && !strings.Contains(t.Name, "{i") {
+			return nil, bad("count is %d but the name has no {i} placeholder, so every namespace would be called the same", count)
+		}
+		if t.Start != nil && *t.Start < 0 {
+			return nil, bad("start %d is negative", *t.Start)
+		}
+		switch t.Loopback {
+		case "", "up", "down":
+		default:
+			return nil, bad("loopback %q: want up or down", t.Loopback)
+		}
+		total += count
+	}
+	if total > limit {
+		return nil, &Error{File: path, Line: ln.template[0], Msg: fmt.Sprintf(
+			"the spec declares %d namespaces, above the limit of %d (user.max_net_namespaces)", total, limit)}
+	}
+
+	fl := &Fleet{Source: path, Namespaces: make([]Namespace, 0, total), byName: make(map[string]int, total)}
+	hostOwner := make(map[string]Origin, total)
+	for ti, t := range f.Namespaces {
+		count := 1
+		if t.Count != nil {
+			count = *t.Count
+		}
+		start := 1
+		if t.Start != nil {
+			start = *t.Start
+		}
+		for k := 0; k < count; k++ {
+			idx := start + k
+			ns, err := expandOne(path, t, idx, ln.template[ti], ln.veth[ti], ln.route[ti])
+			if err != nil {
+				return nil, err
+			}
+			if prev, dup := fl.byName[ns.Name]; dup {
+				return nil, &Error{File: path, Line: ns.Origin.Line, Msg: fmt.Sprintf(
+					"template %q index %d: namespace %q is also produced by %s",
+					t.Name, idx, ns.Name, fl.Namespaces[prev].Origin)}
+			}
+			for _, v := range ns.Veths {
+				if prev, dup := hostOwner[v.Host]; dup {
+					return nil, &Error{File: path, Line: ns.Origin.Line, Msg: fmt.Sprintf(
+						"template %q index %d: host interface %q is also produced by %s",
+						t.Name, idx, v.Host, prev)}
+				}
+				hostOwner[v.Host] = ns.Origin
+			}
+			fl.byName[ns.Name] = len(fl.Namespaces)
+			fl.Namespaces = append(fl.Namespaces, ns)
+		}
+	}
+	return fl, nil
+}
+
+func expandOne(path string, t template, idx, line int, vethLines, routeLines []int) (Namespace, error) {
+	bad := func(l int, format string, a ...any) error {
+		return &Error{File: path, Line: l, Msg: fmt.Sprintf("template %q index %d: ", t.Name, idx) + fmt.Sprintf(format, a...)}
+	}
+	name, err := expand(t.Name, expandEnv{i: idx})
+	if err != nil {
+		return Namespace{}, bad(line, "name: %v", err)
+	}
+	if err := ValidNamespaceName(name); err != nil {
+		return Namespace{}, bad(line, "%v", err)
+	}
+	env := expandEnv{i: idx, name: name, hasName: true}
+	ns := Namespace{
+		Name:     name,
+		Origin:   Origin{File: path, Line: line, Template: t.Name, Index: idx},
+		Loopback: t.Loopback != "down",
+	}
+
+	keys := make([]string, 0, len(t.Sysctls))
+	for k := range t.Sysctls {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	seenKey := map[string]bool{}
+	for _, k := range keys {
+		key, err := expand(k, env)
+		if err != nil {
+			return Namespace{}, bad(line, "sysctl %q: %v", k, err)
+		}
+		val, err := expand(t.Sysctls[k], env)
+		if err != nil {
+			return Namespace{}, bad(line, "sysctl %q value: %v", k, err)
+		}
+		if err := ValidSysctl(key, val); err != nil {
+			return Namespace{}, bad(line, "%v", err)
+		}
+		key = normalizeSysctlKey(key)
+		if seenKey[key] {
+			return Namespace{}, bad(line, "sysctl %q is set twice", key)
+		}
+		seenKey[key] = true
+		ns.Sysctls = append(ns.Sysctls, Sysctl{Key: key, Value: val})
+	}
+
+	peers := map[string]bool{"lo": true}
+	hosts := map[string]bool{}
+	for vi, vt := range t.Veths {
+		vl := lineAt(vethLines, vi, line)
+		if vt.Host == "" || vt.Peer == "" {
+			return Namespace{}, bad(vl, "veth %d: both 'host' and 'peer' are required", vi+1)
+		}
+		v := Veth{MTU: vt.MTU, Up: vt.Up}
+		if v.Host, err = expand(vt.Host, env); err != nil {
+			return Namespace{}, bad(vl, "veth host: %v", err)
+		}
+		if v.Peer, err = expand(vt.Peer, env); err != nil {
+			return Namespace{}, bad(vl, "veth peer: %v", err)
+		}
+		if err := ValidInterfaceName(v.Host); err != nil {
+			return Namespace{}, bad(vl, "veth host end: %v", err)
+		}
+		if err := ValidInterfaceName(v.Peer); err != nil {
+			return Namespace{}, bad(vl, "veth peer end: %v", err)
+		}
+		if peers[v.Peer] {
+			return Namespace{}, bad(vl, "peer interface %q appears twice in namespace %q", v.Peer, name)
+		}
+		if hosts[v.Host] {
+			return Namespace{}, bad(vl, "host interface %q appears twice", v.Host)
+		}
+		peers[v.Peer], hosts[v.Host] = true, true
+		if vt.MTU != 0 && (vt.MTU < 68 || vt.MTU > 65535) {
+			return Namespace{}, bad(vl, "veth %s/%s: mtu %d outside 68..65535", v.Host, v.Peer, vt.MTU)
+		}
+		if v.HostAddrs, err = expandPrefixes(vt.HostAddresses, env); err != nil {
+			return Namespace{}, bad(vl, "veth %s host_addresses: %v", v.Host, err)
+		}
+		if v.PeerAddrs, err = expandPrefixes(vt.PeerAddresses, env); err != nil {
+			return Namespace{}, bad(vl, "veth %s peer_addresses: %v", v.Peer, err)
+		}
+		ns.Veths = append(ns.Veths, v)
+	}
+
+	for ri, rt := range t.Routes {
+		rl := lineAt(routeLines, ri, line)
+		var r Route
+		to, err := expand(rt.To, env)
+		if err != nil {
+			return Namespace{}, bad(rl, "route to: %v", err)
+		}
+		via, err := expand(rt.Via, env)
+		if err != nil {
+			return Namespace{}, bad(rl, "route via: %v", err)
+		}
+		if r.Dev, err = expand(rt.Dev, env); err != nil {
+			return Namespace{}, bad(rl, "route dev: %v", err)
+		}
+		if via == "" && r.Dev == "" {
+			return Namespace{}, bad(rl, "route %q needs 'via' or 'dev'", to)
+		}
+		if via != "" {
+			if r.Via, err = netip.ParseAddr(via); err != nil {
+				return Namespace{}, bad(rl, "route via %q: %v", via, err)
+			}
+		}
+		switch to {
+		case "", "default":
+			bits := 0
+			if r.Via.Is6() {
+				r.To = netip.PrefixFrom(netip.IPv6Unspecified(), bits)
+			} else {
+				r.To = netip.PrefixFrom(netip.IPv4Unspecified(), bits)
+			}
+		default:
+			p, err := netip.ParsePrefix(to)
+			if err != nil {
+				return Namespace{}, bad(rl, "route to %q: %v", to, err)
+			}
+			r.To = p.Masked()
+		}
+		if r.Via.IsValid() && r.Via.Is4() != r.To.Addr().Is4() {
+			return Namespace{}, bad(rl, "route to %s via %s mixes IPv4 and IPv6", r.To, r.Via)
+		}
+		if r.Dev != "" && !peers[r.Dev] {
+			return Namespace{}, bad(rl, "route dev %q is not an interface of namespace %q", r.Dev, name)
+		}
+		ns.Routes = append(ns.Routes, r)
+	}
+	return ns, nil
+}
+
+func expandPrefixes(in []string, env expandEnv) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range in {
+		e, err := expand(s, env)
+		if err != nil {
+			return nil, err
+		}
+		p, err := netip.ParsePrefix(e)
+		if err != nil {
+			return nil, fmt.Errorf("%q: want an address with a prefix length, like 10.0.0.1/24", e)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}

@@ -1,0 +1,194 @@
+package spec
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestParseFakeRoutersExample(t *testing.T) {
+	f, err := Load("../examples/fake-routers.yaml", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(f.Namespaces); got != 3000 {
+		t.Fatalf("got %d namespaces, want 3000", got)
+	}
+	ns := f.Namespaces[16]
+	if ns.Name != "bar-17" || !ns.Loopback {
+		t.Fatalf("namespace 17 = %+v", ns)
+	}
+	if len(ns.Sysctls) != 1 || ns.Sysctls[0] != (Sysctl{"net.ipv4.ip_forward", "1"}) {
+		t.Fatalf("sysctls = %+v", ns.Sysctls)
+	}
+	want := []Veth{{Host: "qro-17", Peer: "qri-17"}, {Host: "qgo-17", Peer: "qgi-17"}}
+	if len(ns.Veths) != 2 || ns.Veths[0].Host != want[0].Host || ns.Veths[1].Peer != want[1].Peer {
+		t.Fatalf("veths = %+v", ns.Veths)
+	}
+	if got, ok := f.Lookup("bar-3000"); !ok || got.Origin.Index != 3000 || got.Origin.Line != 3 {
+		t.Fatalf("Lookup(bar-3000) = %+v, %v", got, ok)
+	}
+}
+
+func TestParseLabExample(t *testing.T) {
+	f, err := Load("../examples/lab.yaml", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Names(); strings.Join(got, ",") != "lab-r1,lab-r2,lab-r3,lab-r4,lab-dhcp" {
+		t.Fatalf("names = %v", got)
+	}
+	r2, _ := f.Lookup("lab-r2")
+	v := r2.Veths[0]
+	if v.MTU != 1400 || !v.Up || v.HostAddrs[0] != netip.MustParsePrefix("198.18.0.9/30") || v.PeerAddrs[0] != netip.MustParsePrefix("198.18.0.10/30") {
+		t.Fatalf("veth = %+v", v)
+	}
+	if r := r2.Routes[0]; r.To != netip.MustParsePrefix("0.0.0.0/0") || r.Via != netip.MustParseAddr("198.18.0.9") {
+		t.Fatalf("route = %+v", r)
+	}
+	dhcp, _ := f.Lookup("lab-dhcp")
+	if dhcp.Loopback {
+		t.Fatal("lab-dhcp: loopback should be down")
+	}
+}
+
+func TestExpand(t *testing.T) {
+	cases := []struct {
+		in, want string
+		i        int
+	}{
+		{"bar-{i}", "bar-7", 7},
+		{"{i/256}.{i%256}", "1.4", 260},
+		{"{i*4+1}", "41", 10},
+		{"x{{i}}", "x{i}", 3},
+		{"{ i + 2 }", "5", 3},
+		{"{name}-h", "ns-h", 1},
+	}
+	for _, c := range cases {
+		got, err := expand(c.in, expandEnv{i: c.i, name: "ns", hasName: true})
+		if err != nil || got != c.want {
+			t.Errorf("expand(%q, %d) = %q, %v; want %q", c.in, c.i, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"{j}", "{i/0}", "{i+}", "{i", "i}", "{i^2}"} {
+		if got, err := expand(bad, expandEnv{i: 1}); err == nil {
+			t.Errorf("expand(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+// TestRefused checks that every bad input from RELIABILITY.md is refused with
+// the right line, before anything could be created.
+func TestRefused(t *testing.T) {
+	cases := []struct {
+		name, yaml, want string
+		line             int
+		opts             Options
+	}{
+		{"empty name", "namespaces:\n  - name: \"\"\n", `missing 'name'`, 2, Options{}},
+		{"dot", "namespaces:\n  - name: \".\"\n", `namespace name "." is not allowed`, 2, Options{}},
+		{"dotdot", "namespaces:\n  - name: \"..\"\n", `not allowed`, 2, Options{}},
+		{"slash", "namespaces:\n  - name: \"a/{i}\"\n    count: 2\n", `index 1: namespace name "a/1" contains '/'`, 2, Options{}},
+		{"long", "namespaces:\n  - name: \"" + strings.Repeat("x", 256) + "\"\n", "above 255", 2, Options{}},
+		{"template too long", "namespaces:\n  - name: \"" + strings.Repeat("x", 254) + "{i}\"\n    count: 10\n", "index 10", 2, Options{}},
+		{"ifname long", "namespaces:\n  - name: a\n    veths:\n      - host: abcdefghijklmnop\n        peer: p\n", "above the kernel's 15", 4, Options{}},
+		{"ifname colon", "namespaces:\n  - name: a\n    veths:\n      - host: h\n        peer: \"p:1\"\n", `contains ':'`, 4, Options{}},
+		{"ifname space", "namespaces:\n  - name: a\n    veths:\n      - host: \"h 1\"\n        peer: p\n", `contains ' '`, 4, Options{}},
+		{"ifname dot", "namespaces:\n  - name: a\n    veths:\n      - host: \".\"\n        peer: p\n", `not allowed`, 4, Options{}},
+		{"ifname template overflows", "namespaces:\n  - name: \"n{i}\"\n    count: 100000\n    veths:\n      - host: \"abcdefghij-{i}\"\n        peer: p\n", `index 10000: veth host end: interface name "abcdefghij-10000"`, 5, Options{}},
+		{"dup ns across templates", "namespaces:\n  - name: \"a{i}\"\n    count: 3\n  - name: a2\n", `namespace "a2" is also produced by`, 4, Options{}},
+		{"dup host if", "namespaces:\n  - name: a\n    veths: [{host: h, peer: p}]\n  - name: b\n    veths: [{host: h, peer: p}]\n", `host interface "h" is also produced by`, 4, Options{}},
+		{"dup peer", "namespaces:\n  - name: a\n    veths: [{host: h1, peer: p}, {host: h2, peer: p}]\n", `peer interface "p" appears twice`, 3, Options{}},
+		{"peer lo", "namespaces:\n  - name: a\n    veths: [{host: h1, peer: lo}]\n", `peer interface "lo" appears twice`, 3, Options{}},
+		{"sysctl outside net", "namespaces:\n  - name: a\n    sysctls: {kernel.pid_max: \"1\"}\n", "only per-namespace net.* keys", 2, Options{}},
+		{"sysctl global", "namespaces:\n  - name: a\n    sysctls: {net.core.rmem_max: \"1\"}\n", "machine-wide", 2, Options{}},
+		{"sysctl newline", "namespaces:\n  - name: a\n    sysctls: {net.ipv4.ip_forward: \"1\\n\"}\n", "newline", 2, Options{}},
+		{"sysctl equals", "namespaces:\n  - name: a\n    sysctls: {net.ipv4.ip_forward: \"a=b\"}\n", "'='", 2, Options{}},
+		{"sysctl dotdot", "namespaces:\n  - name: a\n    sysctls: {net.ipv4..x: \"1\"}\n", "empty component", 2, Options{}},
+		{"not yaml", "namespaces: [\n", "did not find", 1, Options{}},
+		{"unknown key", "namespaces:\n  - name: a\n    cuont: 3\n", "field cuont not found", 3, Options{}},
+		{"negative count", "namespaces:\n  - name: \"a{i}\"\n    count: -1\n", "count -1 is negative", 2, Options{}},
+		{"count too big", "namespaces:\n  - name: \"a{i}\"\n    count: 20\n", "above the limit of 10", 2, Options{MaxNamespaces: 10}},
+		{"count without {i}", "namespaces:\n  - name: a\n    count: 2\n", "no {i} placeholder", 2, Options{}},
+		{"wrong type", "namespaces:\n  - name: a\n    count: lots\n", "cannot unmarshal", 3, Options{}},
+		{"empty", "", "empty spec", 0, Options{}},
+		{"no namespaces", "namespaces: []\n", "no namespaces declared", 1, Options{}},
+		{"bad address", "namespaces:\n  - name: a\n    veths: [{host: h, peer: p, host_addresses: [\"10.0.0.1\"]}]\n", "want an address with a prefix length", 3, Options{}},
+		{"bad mtu", "namespaces:\n  - name: a\n    veths: [{host: h, peer: p, mtu: 20}]\n", "mtu 20", 3, Options{}},
+		{"bad loopback", "namespaces:\n  - name: a\n    loopback: sideways\n", `loopback "sideways"`, 2, Options{}},
+		{"route dev unknown", "namespaces:\n  - name: a\n    routes: [{to: default, dev: eth9}]\n", `route dev "eth9"`, 3, Options{}},
+		{"route mixed families", "namespaces:\n  - name: a\n    routes: [{to: \"10.0.0.0/8\", via: \"fe80::1\"}]\n", "mixes IPv4 and IPv6", 3, Options{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse("s.yaml", []byte(c.yaml), c.opts)
+			if err == nil {
+				t.Fatalf("accepted; want an error containing %q", c.want)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v does not match ErrInvalid", err)
+			}
+			var se *Error
+			if !errors.As(err, &se) {
+				t.Fatalf("error %T is not *spec.Error", err)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q does not contain %q", err, c.want)
+			}
+			if se.Line != c.line {
+				t.Errorf("error %q: line %d, want %d", err, se.Line, c.line)
+			}
+			if !strings.HasPrefix(err.Error(), "s.yaml:") {
+				t.Errorf("error %q does not start with the file name", err)
+			}
+		})
+	}
+}
+
+func TestSysctlPath(t *testing.T) {
+	if got := SysctlPath("net.ipv4.conf.eth0/100.forwarding"); got != "net/ipv4/conf/eth0.100/forwarding" {
+		t.Fatal(got)
+	}
+	f, err := Parse("s.yaml", []byte("namespaces:\n  - name: a\n    sysctls: {net/ipv4/ip_forward: 1}\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Namespaces[0].Sysctls[0]; got != (Sysctl{"net.ipv4.ip_forward", "1"}) {
+		t.Fatalf("%+v", got)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("namespaces:\n  - name: \"bar-{i}\"\n    count: 3\n    sysctls: {net.ipv4.ip_forward: \"1\"}\n    veths: [{host: \"h{i}\", peer: p}]\n"))
+	f.Add([]byte("namespaces:\n  - name: \"x{i*4+1}\"\n    count: 2\n    routes: [{to: default, via: 10.0.0.1}]\n"))
+	f.Add([]byte("namespaces: [{name: a}, {name: a}]"))
+	f.Add([]byte("{"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fl, err := Parse("fuzz.yaml", data, Options{MaxNamespaces: 200})
+		if err != nil {
+			var se *Error
+			if !errors.As(err, &se) {
+				t.Fatalf("error of type %T: %v", err, err)
+			}
+			return
+		}
+		seen := map[string]bool{}
+		for _, ns := range fl.Namespaces {
+			if ValidNamespaceName(ns.Name) != nil || seen[ns.Name] {
+				t.Fatalf("accepted bad or duplicate name %q", ns.Name)
+			}
+			seen[ns.Name] = true
+			for _, v := range ns.Veths {
+				if ValidInterfaceName(v.Host) != nil || ValidInterfaceName(v.Peer) != nil {
+					t.Fatalf("accepted bad interface name %q/%q", v.Host, v.Peer)
+				}
+			}
+			for _, s := range ns.Sysctls {
+				if ValidSysctl(s.Key, s.Value) != nil {
+					t.Fatalf("accepted bad sysctl %q=%q", s.Key, s.Value)
+				}
+			}
+		}
+	})
+}
