@@ -1,0 +1,326 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/rtnl"
+)
+
+// Selector chooses namespaces by exact names (from a spec) or by prefix.
+type Selector struct {
+	Names  []string
+	Prefix string
+}
+
+func (s Selector) match(pins []netns.PinInfo) []netns.PinInfo {
+	var out []netns.PinInfo
+	if s.Names != nil {
+		want := make(map[string]bool, len(s.Names))
+		for _, n := range s.Names {
+			want[n] = true
+		}
+		for _, p := range pins {
+			if want[p.Name] {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	for _, p := range pins {
+		if strings.HasPrefix(p.Name, s.Prefix) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// DownOptions tune Down beyond Options.
+type DownOptions struct {
+	// Wait for the kernel to finish: host-side veths gone and namespaces
+	// freed. Timeout bounds the wait (0: 60 s).
+	Wait    bool
+	Timeout time.Duration
+}
+
+// DownReport says what Down did and how long the kernel took.
+type DownReport struct {
+	Summary
+	Unpinned    time.Duration // when every pin was gone
+	LinksGone   time.Duration // when the last host-side veth was gone
+	Freed       time.Duration // when the kernel had freed the namespaces
+	Waited      bool
+	Pending     []string // still there at the timeout
+	HostVeths   int      // host-side veths that went with the namespaces
+	StaleRemove int      // pin files without a namespace, removed
+}
+
+type target struct {
+	name  string
+	veths map[int]string // host-side veths paired into it
+}
+
+// Down deletes the selected namespaces in bulk. It first checks every one
+// (nsfleet's own, unless Adopt), then detaches and removes all the pins, so
+// the kernel can free them in large batches; it never deletes veths one by
+// one (each would wait for an RCU grace period). With Wait it returns when
+// the kernel has finished, or reports what is pending at the timeout.
+func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (DownReport, error) {
+	rd := opts.RunDir
+	all, err := rd.List()
+	if err != nil {
+		return DownReport{}, fmt.Errorf("down: %w", err)
+	}
+	pins := sel.match(all)
+	host, err := rtnl.Open()
+	if err != nil {
+		return DownReport{}, fmt.Errorf("down: %w", err)
+	}
+	defer host.Close()
+	hostLinks, err := host.Links()
+	if err != nil {
+		return DownReport{}, fmt.Errorf("down: host: %w", err)
+	}
+	byNsID := map[int]map[int]string{}
+	for _, l := range hostLinks {
+		if l.Type == "veth" && l.PeerNsID >= 0 {
+			if byNsID[l.PeerNsID] == nil {
+				byNsID[l.PeerNsID] = map[int]string{}
+			}
+			byNsID[l.PeerNsID][l.Index] = l.Name
+		}
+	}
+
+	t := newTally(len(pins), opts.Mark, opts.OnResult)
+	var rep DownReport
+	// Phase 1: check ownership and note each namespace's host veths.
+	targets := make([]*target, len(pins))
+	var stale atomic.Int64
+	parallel(ctx, opts.workers(len(pins)), len(pins), func(c *rtnl.Conn, i int) {
+		p := pins[i]
+		fail := func(a Action, err error) {
+			t.add(Result{Name: p.Name, Action: a, Err: &Error{Op: "down", Namespace: p.Name, Err: err}})
+		}
+		switch {
+		case p.Symlink:
+			fail(Failed, fmt.Errorf("pin %s: %w", rd.PinPath(p.Name), netns.ErrSymlink))
+			return
+		case !p.Mounted && p.Mounts > 0:
+			fail(Failed, fmt.Errorf("pin %s: something other than a namespace is mounted on it", rd.PinPath(p.Name)))
+			return
+		case !p.Mounted:
+			// A pin file with no namespace: what a crash between create and
+			// mount leaves. Removing it is what `ip netns del` would do.
+			if err := rd.Unpin(p.Name); err != nil {
+				fail(Failed, err)
+				return
+			}
+			stale.Add(1)
+			t.add(Result{Name: p.Name, Action: Deleted, Fixes: []string{"removed pin file with no namespace"}})
+			return
+		}
+		h, err := rd.Open(p.Name)
+		if err != nil {
+			fail(Failed, err)
+			return
+		}
+		defer h.Close()
+		owned, err := isOwned(h)
+		if err != nil {
+			fail(Failed, err)
+			return
+		}
+		if !owned && !opts.Adopt {
+			fail(Skipped, ErrForeign)
+			return
+		}
+		tg := &target{name: p.Name}
+		if c != nil {
+			if id, err := c.NsID(h.Fd()); err == nil && id >= 0 {
+				tg.veths = byNsID[id]
+			}
+		}
+		targets[i] = tg
+	})
+	rep.StaleRemove = int(stale.Load())
+
+	// Phase 2: unpin them all, as fast as the kernel takes it.
+	var live []*target
+	for _, tg := range targets {
+		if tg != nil {
+			live = append(live, tg)
+		}
+	}
+	if !opts.DryRun {
+		parallel(ctx, opts.workers(len(live)), len(live), func(_ *rtnl.Conn, i int) {
+			tg := live[i]
+			if err := rd.Unpin(tg.name); err != nil {
+				t.add(Result{Name: tg.name, Action: Failed, Err: &Error{Op: "down", Namespace: tg.name, Err: err}})
+				live[i] = nil
+				return
+			}
+			t.add(Result{Name: tg.name, Action: Deleted})
+		})
+	} else {
+		for _, tg := range live {
+			t.add(Result{Name: tg.name, Action: "would delete"})
+		}
+	}
+	rep.Unpinned = time.Since(t.start)
+
+	// Phase 3: wait for the kernel.
+	if dopts.Wait && !opts.DryRun && ctx.Err() == nil {
+		timeout := dopts.Timeout
+		if timeout <= 0 {
+			timeout = 60 * time.Second
+		}
+		deadline := t.start.Add(rep.Unpinned + timeout)
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
+		veths := map[int]string{}
+		owner := map[int]string{}
+		for _, tg := range live {
+			if tg == nil {
+				continue
+			}
+			for idx, name := range tg.veths {
+				veths[idx] = name
+				owner[idx] = tg.name
+			}
+		}
+		rep.HostVeths = len(veths)
+		rep.Waited = true
+		left, err := waitLinksGone(wctx, host, veths)
+		rep.LinksGone = time.Since(t.start)
+		if err != nil {
+			seen := map[string]bool{}
+			for idx, name := range left {
+				if !seen[owner[idx]] {
+					seen[owner[idx]] = true
+					rep.Pending = append(rep.Pending, fmt.Sprintf("%s (host veth %s still present: a process or mount still holds the namespace)", owner[idx], name))
+				}
+			}
+			sort.Strings(rep.Pending)
+		} else if err := freeBarrier(wctx, host); err != nil {
+			rep.Pending = append(rep.Pending, fmt.Sprintf("kernel cleanup not finished: %v", err))
+		} else {
+			rep.Freed = time.Since(t.start)
+		}
+	}
+	rep.Summary = t.finish(ctx.Err() != nil)
+	return rep, nil
+}
+
+// parallel runs fn(i) for i in [0,n) on w workers, each with its own host
+// netlink socket, until done or ctx is cancelled.
+func parallel(ctx context.Context, w, n int, fn func(c *rtnl.Conn, i int)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for k := 0; k < w; k++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := rtnl.Open()
+			if err != nil {
+				c = nil // fn copes: it only loses the veth bookkeeping
+			}
+			defer c.Close()
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				fn(c, i)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// isOwned reports whether the namespace's lo carries the Marker.
+func isOwned(h *netns.NS) (bool, error) {
+	var owned bool
+	err := netns.Do(h, func() error {
+		in, err := rtnl.Open()
+		if err != nil {
+			return err
+		}
+		defer in.Close()
+		lo, err := in.LinkByIndex(rtnl.LoopbackIndex)
+		if err != nil {
+			return err
+		}
+		owned = lo.Alias == Marker
+		return nil
+	})
+	return owned, err
+}
+
+// waitLinksGone polls the host's links until none of veths (ifindex -> name)
+// is left. On timeout it returns those still there.
+func waitLinksGone(ctx context.Context, host *rtnl.Conn, veths map[int]string) (map[int]string, error) {
+	left := veths
+	for delay := time.Millisecond; ; delay = min(delay*2, 50*time.Millisecond) {
+		if len(left) == 0 {
+			return nil, nil
+		}
+		links, err := host.Links()
+		if err != nil {
+			return left, err
+		}
+		now := make(map[int]string)
+		for _, l := range links {
+			if name, ok := left[l.Index]; ok && name == l.Name {
+				now[l.Index] = name
+			}
+		}
+		left = now
+		if len(left) == 0 {
+			return nil, nil
+		}
+		select {
+		case <-ctx.Done():
+			return left, ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// freeBarrier returns once the kernel has freed every network namespace
+// released before the call. Namespaces are freed by cleanup_net, which runs
+// on an ordered (single-threaded) workqueue and takes all queued namespaces
+// as one batch: devices are unregistered, then, after an RCU barrier, the
+// namespaces are freed. A sentinel namespace with a veth released now is
+// cleaned up in the current batch or a later one; once its host veth is
+// gone, every earlier batch is complete. A second sentinel, released after
+// that, proves the first one's batch (which may hold ours) ran to the end.
+func freeBarrier(ctx context.Context, host *rtnl.Conn) error {
+	for round := 0; round < 2; round++ {
+		name := fmt.Sprintf("nsfb%d-%d", os.Getpid()%10000000, round)
+		var idx int
+		h, err := netns.Create(func(inside *netns.NS) error {
+			var err error
+			idx, err = host.AddVeth(rtnl.VethPair{Host: name, Peer: "p", PeerNsFd: inside.Fd()})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("sentinel: %w", err)
+		}
+		h.Close() // the sentinel's last reference: it is queued for cleanup now
+		if _, err := waitLinksGone(ctx, host, map[int]string{idx: name}); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("sentinel %s not cleaned up in time", name)
+			}
+			return err
+		}
+	}
+	return nil
+}

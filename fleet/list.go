@@ -1,0 +1,186 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/rtnl"
+	"github.com/nsfleet/nsfleet/spec"
+	"github.com/nsfleet/nsfleet/sysctl"
+)
+
+// State is a namespace's state as List sees it.
+type State string
+
+const (
+	StateOK      State = "ok"      // pinned, nsfleet's, and (with a spec) matching it
+	StateDrift   State = "drift"   // pinned and nsfleet's, but not as the spec says
+	StateForeign State = "foreign" // pinned, not made by nsfleet
+	StateStale   State = "stale"   // a pin file with no namespace mounted on it
+	StateMissing State = "missing" // in the spec, not on the machine
+	StateError   State = "error"
+)
+
+// LinkStatus is one device inside a namespace.
+type LinkStatus struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+	Up   bool   `json:"up"`
+	MTU  int    `json:"mtu"`
+	Host string `json:"host_end,omitempty"` // a veth's end in the host namespace
+}
+
+// Status is one namespace as List reports it.
+type Status struct {
+	Name  string       `json:"name"`
+	State State        `json:"state"`
+	Inode uint64       `json:"inode,omitempty"`
+	Owned bool         `json:"nsfleet"`
+	Links []LinkStatus `json:"links,omitempty"`
+	Drift []string     `json:"drift,omitempty"`
+	Error string       `json:"error,omitempty"`
+}
+
+// List reports the selected namespaces. With a fleet, they are the fleet's
+// namespaces (missing ones included) and each is compared with its spec;
+// otherwise they are the run dir's pins matching sel.
+func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Status, error) {
+	rd := opts.RunDir
+	all, err := rd.List()
+	if err != nil {
+		return nil, fmt.Errorf("ls: %w", err)
+	}
+	pins := map[string]netns.PinInfo{}
+	for _, p := range all {
+		pins[p.Name] = p
+	}
+	var names []string
+	if f != nil {
+		names = f.Names()
+	} else {
+		for _, p := range sel.match(all) {
+			names = append(names, p.Name)
+		}
+	}
+	host, err := rtnl.Open()
+	if err != nil {
+		return nil, fmt.Errorf("ls: %w", err)
+	}
+	defer host.Close()
+	hostLinks, err := host.Links()
+	if err != nil {
+		return nil, fmt.Errorf("ls: host: %w", err)
+	}
+	snap := &snapshot{links: map[string]rtnl.Link{}}
+	hostByIndex := map[int]rtnl.Link{}
+	for _, l := range hostLinks {
+		snap.links[l.Name] = l
+		hostByIndex[l.Index] = l
+	}
+	if f != nil {
+		if snap.addrs, err = host.Addrs(); err != nil {
+			return nil, fmt.Errorf("ls: host: %w", err)
+		}
+	}
+
+	out := make([]Status, len(names))
+	parallel(ctx, opts.workers(len(names)), len(names), func(c *rtnl.Conn, i int) {
+		name := names[i]
+		st := &out[i]
+		st.Name = name
+		p, ok := pins[name]
+		switch {
+		case !ok:
+			st.State = StateMissing
+			return
+		case p.Symlink:
+			st.State, st.Error = StateError, "pin is a symbolic link"
+			return
+		case !p.Mounted:
+			st.State = StateStale
+			return
+		}
+		st.Inode = p.Inode
+		var want *spec.Namespace
+		if f != nil {
+			want, _ = f.Lookup(name)
+		}
+		if err := inspect(rd, c, snap, hostByIndex, want, st); err != nil {
+			st.State, st.Error = StateError, err.Error()
+		}
+	})
+	if ctx.Err() != nil {
+		return out, ctx.Err()
+	}
+	return out, nil
+}
+
+func inspect(rd *netns.RunDir, host *rtnl.Conn, snap *snapshot, hostByIndex map[int]rtnl.Link, want *spec.Namespace, st *Status) error {
+	h, err := rd.Open(st.Name)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	obs := Observed{HostLinks: snap.links, HostAddrs: snap.addrs, HostNsID: -1}
+	if host != nil {
+		if obs.HostNsID, err = host.NsID(h.Fd()); err != nil {
+			return err
+		}
+	}
+	var proc *sysctl.Procfs
+	if want != nil && len(want.Sysctls) > 0 {
+		if proc, err = sysctl.Open(); err != nil {
+			return err
+		}
+		defer proc.Close()
+	}
+	var fixes []Fix
+	err = netns.Do(h, func() error {
+		in, err := rtnl.Open()
+		if err != nil {
+			return err
+		}
+		defer in.Close()
+		if want == nil {
+			obs.Links, err = in.Links()
+			return err
+		}
+		if err := observe(in, proc, want, &obs); err != nil {
+			return err
+		}
+		fixes, err = Diff(want, &obs, false)
+		return err
+	})
+	st.Owned = obs.Owned()
+	for _, l := range obs.Links {
+		ls := LinkStatus{Name: l.Name, Type: l.Type, Up: l.Up, MTU: l.MTU}
+		if l.Type == "veth" && l.PeerNsID >= 0 && obs.HostNsID >= 0 {
+			if hl, ok := hostByIndex[l.PeerIndex]; ok && hl.PeerIndex == l.Index && hl.PeerNsID == obs.HostNsID {
+				ls.Host = hl.Name
+			}
+		}
+		st.Links = append(st.Links, ls)
+	}
+	var conflict *Conflict
+	switch {
+	case errors.As(err, &conflict):
+		st.Drift = append(st.Drift, conflict.Reason)
+		err = nil
+	case err != nil:
+		return err
+	}
+	for _, f := range fixes {
+		st.Drift = append(st.Drift, f.Reason)
+	}
+	switch {
+	case !st.Owned:
+		st.State = StateForeign
+	case len(st.Drift) > 0:
+		st.State = StateDrift
+	default:
+		st.State = StateOK
+	}
+	return nil
+}

@@ -1,0 +1,217 @@
+package fleet
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/nsfleet/nsfleet/rtnl"
+	"github.com/nsfleet/nsfleet/spec"
+	"github.com/nsfleet/nsfleet/sysctl"
+)
+
+// Marker is the alias nsfleet gives lo in every namespace it makes. The
+// kernel keeps it, so ownership survives a crash of nsfleet and needs no
+// state file: a namespace whose lo carries it was made (or adopted) by
+// nsfleet; any other one is left alone.
+const Marker = "nsfleet"
+
+// Observed is what the kernel holds for one pinned namespace, read by
+// observe. It is plain data, so Diff can be tested without root.
+type Observed struct {
+	Links   []rtnl.Link            // inside the namespace
+	Addrs   map[int][]netip.Prefix // inside, by ifindex
+	Routes  []rtnl.Route           // inside, main table
+	Sysctls map[string]string      // the spec's keys; missing keys are absent
+	// HostLinks are the host namespace's links by name, and HostNsID is
+	// the id the host uses for this namespace (-1: none assigned).
+	HostLinks map[string]rtnl.Link
+	HostAddrs map[int][]netip.Prefix
+	HostNsID  int
+}
+
+func (o *Observed) link(name string) (rtnl.Link, bool) {
+	for _, l := range o.Links {
+		if l.Name == name {
+			return l, true
+		}
+	}
+	return rtnl.Link{}, false
+}
+
+func (o *Observed) linkByIndex(i int) (rtnl.Link, bool) {
+	for _, l := range o.Links {
+		if l.Index == i {
+			return l, true
+		}
+	}
+	return rtnl.Link{}, false
+}
+
+// Owned reports whether lo carries nsfleet's marker.
+func (o *Observed) Owned() bool {
+	lo, ok := o.linkByIndex(rtnl.LoopbackIndex)
+	return ok && lo.Alias == Marker
+}
+
+// FixKind is one kind of repair.
+type FixKind int
+
+const (
+	FixMarker     FixKind = iota // set lo's alias to Marker (adopt)
+	FixLoopback                  // set lo up or down
+	FixVeth                      // create a missing pair
+	FixReplaceVeth               // delete a wrong pair or a stray end inside, then create
+	FixVethMTU                   // set MTU on both ends
+	FixVethUp                    // set both ends up
+	FixHostAddr                  // add an address on the host end
+	FixPeerAddr                  // add an address on the peer end
+	FixSysctl                    // write a sysctl
+	FixRoute                     // add or replace a route
+)
+
+// Fix is one step that brings a namespace to its spec.
+type Fix struct {
+	Kind   FixKind
+	Veth   int // index into Namespace.Veths
+	Addr   netip.Prefix
+	Key    string // sysctl key
+	Route  int    // index into Namespace.Routes
+	Delete []DeleteLink
+	Reason string
+}
+
+// DeleteLink names a link to delete before a veth is re-created.
+type DeleteLink struct {
+	Host  bool // in the host namespace (else inside)
+	Index int
+	Name  string
+}
+
+func (f Fix) String() string { return f.Reason }
+
+// Conflict is a difference nsfleet must not repair on its own: a host
+// interface it did not make is in the way.
+type Conflict struct {
+	Reason string
+}
+
+func (c *Conflict) Error() string { return c.Reason }
+
+// Diff lists the fixes that bring a namespace from got to want. It returns
+// a *Conflict when a host-side name is taken by something that is not the
+// namespace's own pair.
+func Diff(want *spec.Namespace, got *Observed, adopt bool) ([]Fix, error) {
+	var fixes []Fix
+	lo, hasLo := got.linkByIndex(rtnl.LoopbackIndex)
+	if !got.Owned() && adopt {
+		fixes = append(fixes, Fix{Kind: FixMarker, Reason: "adopt: mark lo with alias " + Marker})
+	}
+	if hasLo && lo.Up != want.Loopback {
+		fixes = append(fixes, Fix{Kind: FixLoopback, Reason: fmt.Sprintf("lo is %s, want %s", upDown(lo.Up), upDown(want.Loopback))})
+	}
+	for vi, v := range want.Veths {
+		vf, err := diffVeth(vi, v, got)
+		if err != nil {
+			return nil, err
+		}
+		fixes = append(fixes, vf...)
+	}
+	for _, s := range want.Sysctls {
+		cur, ok := got.Sysctls[s.Key]
+		if !ok || cur != sysctl.Normalize(s.Value) {
+			reason := fmt.Sprintf("sysctl %s is %q, want %q", s.Key, cur, s.Value)
+			if !ok {
+				reason = fmt.Sprintf("sysctl %s is not set, want %q", s.Key, s.Value)
+			}
+			fixes = append(fixes, Fix{Kind: FixSysctl, Key: s.Key, Reason: reason})
+		}
+	}
+	for ri, r := range want.Routes {
+		if !hasRoute(got, want, r) {
+			fixes = append(fixes, Fix{Kind: FixRoute, Route: ri, Reason: fmt.Sprintf("route %s %s missing", r.To, via(r))})
+		}
+	}
+	return fixes, nil
+}
+
+func via(r spec.Route) string {
+	if r.Via.IsValid() {
+		return "via " + r.Via.String()
+	}
+	return "dev " + r.Dev
+}
+
+func upDown(b bool) string {
+	if b {
+		return "up"
+	}
+	return "down"
+}
+
+func hasRoute(got *Observed, want *spec.Namespace, r spec.Route) bool {
+	idx := 0
+	if r.Dev != "" {
+		l, ok := got.link(r.Dev)
+		if !ok {
+			return false
+		}
+		idx = l.Index
+	}
+	for _, have := range got.Routes {
+		if have.To == r.To && have.Via == r.Via && (idx == 0 || have.Index == idx) {
+			return true
+		}
+	}
+	return false
+}
+
+func diffVeth(vi int, v spec.Veth, got *Observed) ([]Fix, error) {
+	host, hostOK := got.HostLinks[v.Host]
+	peer, peerOK := got.link(v.Peer)
+	paired := hostOK && peerOK && host.Type == "veth" && peer.Type == "veth" &&
+		got.HostNsID >= 0 && host.PeerNsID == got.HostNsID &&
+		host.PeerIndex == peer.Index && peer.PeerIndex == host.Index && peer.PeerNsID >= 0
+	pair := v.Host + "/" + v.Peer
+	if !paired {
+		var del []DeleteLink
+		if hostOK {
+			// Only a veth whose other end is in this namespace (ours) may
+			// be removed; anything else on the host is not ours to touch.
+			if host.Type != "veth" || got.HostNsID < 0 || host.PeerNsID != got.HostNsID {
+				return nil, &Conflict{Reason: fmt.Sprintf("veth %s: host interface %s already exists and is not paired with this namespace (type %s)", pair, v.Host, host.Type)}
+			}
+			del = append(del, DeleteLink{Host: true, Index: host.Index, Name: v.Host})
+		}
+		if peerOK {
+			// A stray device of that name inside our namespace: it goes,
+			// unless it is the other end of the host link just removed.
+			if !(hostOK && peer.PeerIndex == host.Index && peer.Type == "veth") {
+				del = append(del, DeleteLink{Index: peer.Index, Name: v.Peer})
+			}
+		}
+		kind, reason := FixVeth, "veth "+pair+" missing"
+		if len(del) > 0 {
+			kind, reason = FixReplaceVeth, "veth "+pair+" is not a pair between the host and this namespace; re-create it"
+		}
+		return []Fix{{Kind: kind, Veth: vi, Delete: del, Reason: reason}}, nil
+	}
+	var fixes []Fix
+	if v.MTU != 0 && (host.MTU != v.MTU || peer.MTU != v.MTU) {
+		fixes = append(fixes, Fix{Kind: FixVethMTU, Veth: vi, Reason: fmt.Sprintf("veth %s mtu %d/%d, want %d", pair, host.MTU, peer.MTU, v.MTU)})
+	}
+	if v.Up && (!host.Up || !peer.Up) {
+		fixes = append(fixes, Fix{Kind: FixVethUp, Veth: vi, Reason: fmt.Sprintf("veth %s is %s/%s, want up", pair, upDown(host.Up), upDown(peer.Up))})
+	}
+	for _, a := range v.HostAddrs {
+		if !slices.Contains(got.HostAddrs[host.Index], a) {
+			fixes = append(fixes, Fix{Kind: FixHostAddr, Veth: vi, Addr: a, Reason: fmt.Sprintf("address %s missing on %s", a, v.Host)})
+		}
+	}
+	for _, a := range v.PeerAddrs {
+		if !slices.Contains(got.Addrs[peer.Index], a) {
+			fixes = append(fixes, Fix{Kind: FixPeerAddr, Veth: vi, Addr: a, Reason: fmt.Sprintf("address %s missing on %s", a, v.Peer)})
+		}
+	}
+	return fixes, nil
+}

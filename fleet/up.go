@@ -1,0 +1,427 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/rtnl"
+	"github.com/nsfleet/nsfleet/spec"
+	"github.com/nsfleet/nsfleet/sysctl"
+)
+
+// Up makes the machine match f: it creates the namespaces that are missing,
+// repairs those that drifted, and leaves the rest alone. It returns an error
+// only when it could not start (run dir, lock); per-namespace failures are
+// in the Summary (see Summary.Err). The caller holds the run dir's Lock.
+func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
+	log := opts.log()
+	rd := opts.RunDir
+	if !opts.DryRun {
+		did, err := rd.Setup()
+		if err != nil {
+			return Summary{}, fmt.Errorf("up: %w", err)
+		}
+		log.Debug(did)
+	}
+	pins, err := pinMap(rd)
+	if err != nil {
+		return Summary{}, fmt.Errorf("up: %w", err)
+	}
+	snap, err := hostSnapshot(f)
+	if err != nil {
+		return Summary{}, fmt.Errorf("up: %w", err)
+	}
+
+	t := newTally(len(f.Namespaces), opts.Mark, opts.OnResult)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	nw := opts.workers(len(f.Namespaces))
+	setupErrs := make([]error, nw)
+	for wi := 0; wi < nw; wi++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := newWorker(rd, snap, &opts)
+			if err != nil {
+				setupErrs[wi] = err
+				return
+			}
+			defer w.close()
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= len(f.Namespaces) {
+					return
+				}
+				ns := &f.Namespaces[i]
+				r := w.up(ns, pins[ns.Name])
+				if r.Err != nil {
+					log.Debug("failed", "namespace", ns.Name, "err", r.Err)
+				}
+				t.add(r)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(setupErrs...); err != nil && t.done == 0 {
+		return t.finish(false), fmt.Errorf("up: %w", err)
+	}
+	return t.finish(ctx.Err() != nil), nil
+}
+
+func pinMap(rd *netns.RunDir) (map[string]*netns.PinInfo, error) {
+	list, err := rd.List()
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]*netns.PinInfo, len(list))
+	for i := range list {
+		m[list[i].Name] = &list[i]
+	}
+	return m, nil
+}
+
+// snapshot is the host side as it was when the run started. Workers only
+// read it; nsfleet holds the run dir lock, so no other nsfleet changes it.
+type snapshot struct {
+	links map[string]rtnl.Link
+	addrs map[int][]netip.Prefix
+}
+
+func hostSnapshot(f *spec.Fleet) (*snapshot, error) {
+	c, err := rtnl.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	links, err := c.Links()
+	if err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
+	s := &snapshot{links: make(map[string]rtnl.Link, len(links))}
+	for _, l := range links {
+		s.links[l.Name] = l
+	}
+	needAddrs := false
+	for i := range f.Namespaces {
+		for _, v := range f.Namespaces[i].Veths {
+			needAddrs = needAddrs || len(v.HostAddrs) > 0
+		}
+	}
+	if needAddrs {
+		if s.addrs, err = c.Addrs(); err != nil {
+			return nil, fmt.Errorf("host: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// worker owns one host netlink socket and one private procfs.
+type worker struct {
+	rd   *netns.RunDir
+	snap *snapshot
+	opts *Options
+	host *rtnl.Conn
+	proc *sysctl.Procfs
+}
+
+func newWorker(rd *netns.RunDir, snap *snapshot, opts *Options) (*worker, error) {
+	host, err := rtnl.Open()
+	if err != nil {
+		return nil, err
+	}
+	proc, err := sysctl.Open()
+	if err != nil {
+		host.Close()
+		return nil, err
+	}
+	return &worker{rd: rd, snap: snap, opts: opts, host: host, proc: proc}, nil
+}
+
+func (w *worker) close() {
+	w.host.Close()
+	w.proc.Close()
+}
+
+func (w *worker) up(ns *spec.Namespace, pin *netns.PinInfo) Result {
+	fail := func(err error) Result {
+		return Result{Name: ns.Name, Action: Failed, Err: &Error{Op: "up", Namespace: ns.Name, Err: err}}
+	}
+	switch {
+	case pin == nil:
+	case pin.Symlink:
+		return fail(fmt.Errorf("pin %s: %w", w.rd.PinPath(ns.Name), netns.ErrSymlink))
+	case pin.Mounted:
+		return w.repair(ns)
+	case pin.Mounts > 0:
+		return fail(fmt.Errorf("pin %s: something other than a namespace is mounted on it", w.rd.PinPath(ns.Name)))
+	}
+	// Missing, or a pin file left without its mount: create.
+	for _, v := range ns.Veths {
+		if l, taken := w.snap.links[v.Host]; taken {
+			return fail(&Conflict{Reason: fmt.Sprintf("veth %s/%s: host interface %s already exists (type %s) and is not this new namespace's", v.Host, v.Peer, v.Host, l.Type)})
+		}
+	}
+	if w.opts.DryRun {
+		return Result{Name: ns.Name, Action: WouldCreate, Fixes: describeCreate(ns)}
+	}
+	if err := w.create(ns); err != nil {
+		return fail(err)
+	}
+	return Result{Name: ns.Name, Action: Created}
+}
+
+func describeCreate(ns *spec.Namespace) []string {
+	out := []string{"lo " + upDown(ns.Loopback)}
+	for _, v := range ns.Veths {
+		out = append(out, "veth "+v.Host+"/"+v.Peer)
+	}
+	for _, s := range ns.Sysctls {
+		out = append(out, "sysctl "+s.Key+"="+s.Value)
+	}
+	for _, r := range ns.Routes {
+		out = append(out, "route "+r.To.String()+" "+via(r))
+	}
+	return out
+}
+
+// create builds the namespace completely, then pins it. Until the pin, the
+// namespace lives only through the handle: on any error (or a crash) the
+// kernel frees it and its veths.
+func (w *worker) create(ns *spec.Namespace) error {
+	if err := w.proc.NextNamespace(); err != nil {
+		return err
+	}
+	h, err := netns.Create(func(inside *netns.NS) error {
+		in, err := rtnl.Open()
+		if err != nil {
+			return err
+		}
+		defer in.Close()
+		if err := in.SetAlias(rtnl.LoopbackIndex, Marker); err != nil {
+			return fmt.Errorf("lo: %w", err)
+		}
+		if ns.Loopback {
+			if err := in.SetUp(rtnl.LoopbackIndex, true); err != nil {
+				return fmt.Errorf("lo: %w", err)
+			}
+		}
+		for _, v := range ns.Veths {
+			if err := w.addVeth(in, inside, v); err != nil {
+				return err
+			}
+		}
+		for _, s := range ns.Sysctls {
+			if err := w.proc.Write(s.Key, s.Value); err != nil {
+				return err
+			}
+		}
+		for _, r := range ns.Routes {
+			if err := addRoute(in, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return w.rd.Pin(ns.Name, h)
+}
+
+// addVeth creates the pair with its peer directly inside the namespace, then
+// sets it up and addresses it as the spec says.
+func (w *worker) addVeth(in *rtnl.Conn, inside *netns.NS, v spec.Veth) error {
+	hostIdx, err := w.host.AddVeth(rtnl.VethPair{Host: v.Host, Peer: v.Peer, MTU: v.MTU, PeerNsFd: inside.Fd()})
+	if err != nil {
+		return err
+	}
+	if !v.Up && len(v.PeerAddrs) == 0 && len(v.HostAddrs) == 0 {
+		return nil
+	}
+	peer, err := in.LinkByName(v.Peer)
+	if err != nil {
+		return fmt.Errorf("veth %s/%s: %w", v.Host, v.Peer, err)
+	}
+	for _, a := range v.HostAddrs {
+		if err := w.host.AddAddr(hostIdx, a); err != nil {
+			return fmt.Errorf("veth %s: %w", v.Host, err)
+		}
+	}
+	for _, a := range v.PeerAddrs {
+		if err := in.AddAddr(peer.Index, a); err != nil {
+			return fmt.Errorf("veth %s: %w", v.Peer, err)
+		}
+	}
+	if v.Up {
+		if err := w.host.SetUp(hostIdx, true); err != nil {
+			return fmt.Errorf("veth %s: %w", v.Host, err)
+		}
+		if err := in.SetUp(peer.Index, true); err != nil {
+			return fmt.Errorf("veth %s: %w", v.Peer, err)
+		}
+	}
+	return nil
+}
+
+func addRoute(in *rtnl.Conn, r spec.Route) error {
+	rt := rtnl.Route{To: r.To, Via: r.Via}
+	if r.Dev != "" {
+		l, err := in.LinkByName(r.Dev)
+		if err != nil {
+			return fmt.Errorf("route %s: %w", r.To, err)
+		}
+		rt.Index = l.Index
+	}
+	return in.ReplaceRoute(rt)
+}
+
+// repair inspects a pinned namespace and applies the fixes Diff finds.
+func (w *worker) repair(ns *spec.Namespace) Result {
+	res := Result{Name: ns.Name}
+	h, err := w.rd.Open(ns.Name)
+	if err != nil {
+		res.Action, res.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: err}
+		return res
+	}
+	defer h.Close()
+	obs := Observed{HostLinks: w.snap.links, HostAddrs: w.snap.addrs}
+	if len(ns.Veths) > 0 {
+		if obs.HostNsID, err = w.host.NsID(h.Fd()); err != nil {
+			res.Action, res.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: err}
+			return res
+		}
+	}
+	if err := w.proc.NextNamespace(); err != nil {
+		res.Action, res.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: err}
+		return res
+	}
+	var fixes []Fix
+	err = netns.Do(h, func() error {
+		in, err := rtnl.Open()
+		if err != nil {
+			return err
+		}
+		defer in.Close()
+		if err := observe(in, w.proc, ns, &obs); err != nil {
+			return err
+		}
+		if !obs.Owned() && !w.opts.Adopt {
+			return ErrForeign
+		}
+		if fixes, err = Diff(ns, &obs, w.opts.Adopt); err != nil || len(fixes) == 0 || w.opts.DryRun {
+			return err
+		}
+		for _, f := range fixes {
+			if err := w.apply(in, h, ns, &obs, f); err != nil {
+				return fmt.Errorf("repair (%s): %w", f.Reason, err)
+			}
+		}
+		return nil
+	})
+	for _, f := range fixes {
+		res.Fixes = append(res.Fixes, f.Reason)
+	}
+	switch {
+	case errors.Is(err, ErrForeign):
+		res.Action, res.Err = Skipped, &Error{Op: "up", Namespace: ns.Name, Err: err}
+	case err != nil:
+		res.Action, res.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: err}
+	case len(fixes) == 0:
+		res.Action = Unchanged
+	case w.opts.DryRun:
+		res.Action = WouldRepair
+	default:
+		res.Action = Repaired
+	}
+	return res
+}
+
+// observe reads the namespace's state; it runs inside the namespace.
+func observe(in *rtnl.Conn, proc *sysctl.Procfs, ns *spec.Namespace, obs *Observed) error {
+	var err error
+	if obs.Links, err = in.Links(); err != nil {
+		return err
+	}
+	needAddrs := false
+	for _, v := range ns.Veths {
+		needAddrs = needAddrs || len(v.PeerAddrs) > 0
+	}
+	if needAddrs {
+		if obs.Addrs, err = in.Addrs(); err != nil {
+			return err
+		}
+	}
+	if len(ns.Routes) > 0 {
+		if obs.Routes, err = in.Routes(); err != nil {
+			return err
+		}
+	}
+	obs.Sysctls = make(map[string]string, len(ns.Sysctls))
+	for _, s := range ns.Sysctls {
+		v, err := proc.Read(s.Key)
+		if errors.Is(err, sysctl.ErrUnknownKey) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		obs.Sysctls[s.Key] = v
+	}
+	return nil
+}
+
+// apply carries out one fix; it runs inside the namespace.
+func (w *worker) apply(in *rtnl.Conn, h *netns.NS, ns *spec.Namespace, obs *Observed, f Fix) error {
+	switch f.Kind {
+	case FixMarker:
+		return in.SetAlias(rtnl.LoopbackIndex, Marker)
+	case FixLoopback:
+		return in.SetUp(rtnl.LoopbackIndex, ns.Loopback)
+	case FixVeth, FixReplaceVeth:
+		for _, d := range f.Delete {
+			c := in
+			if d.Host {
+				c = w.host
+			}
+			if err := c.DeleteLink(d.Index); err != nil {
+				return fmt.Errorf("%s: %w", d.Name, err)
+			}
+		}
+		return w.addVeth(in, h, ns.Veths[f.Veth])
+	case FixVethMTU, FixVethUp, FixHostAddr, FixPeerAddr:
+		v := ns.Veths[f.Veth]
+		host, peer := obs.HostLinks[v.Host], rtnl.Link{}
+		peer, _ = obs.link(v.Peer)
+		switch f.Kind {
+		case FixVethMTU:
+			if err := w.host.SetMTU(host.Index, v.MTU); err != nil {
+				return err
+			}
+			return in.SetMTU(peer.Index, v.MTU)
+		case FixVethUp:
+			if err := w.host.SetUp(host.Index, true); err != nil {
+				return err
+			}
+			return in.SetUp(peer.Index, true)
+		case FixHostAddr:
+			return w.host.AddAddr(host.Index, f.Addr)
+		default:
+			return in.AddAddr(peer.Index, f.Addr)
+		}
+	case FixSysctl:
+		for _, s := range ns.Sysctls {
+			if s.Key == f.Key {
+				return w.proc.Write(s.Key, s.Value)
+			}
+		}
+	case FixRoute:
+		return addRoute(in, ns.Routes[f.Route])
+	}
+	return nil
+}

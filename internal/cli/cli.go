@@ -1,0 +1,150 @@
+// Package cli is nsfleet's command line: it turns flags into calls of the
+// library packages and results into text. It holds no logic of its own.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/spec"
+	"github.com/spf13/cobra"
+)
+
+// Exit codes.
+const (
+	ExitOK          = 0
+	ExitFailed      = 1 // something failed or was left alone
+	ExitUsage       = 2
+	ExitInterrupted = 130
+)
+
+// exitError carries an exit code through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+type globals struct {
+	runDir   string
+	workers  int
+	verbose  bool
+	waitLock bool
+	stdout   io.Writer
+	stderr   io.Writer
+	log      *slog.Logger
+}
+
+// Run executes nsfleet with args (without the program name) and returns the
+// process exit code. SIGINT and SIGTERM cancel ctx's work: running commands
+// stop starting new work, finish what is in flight, and print their summary.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	fmt.Fprintln(stderr, "nsfleet:", err)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	if ctx.Err() != nil {
+		return ExitInterrupted
+	}
+	if isUsage(err) {
+		return ExitUsage
+	}
+	return ExitFailed
+}
+
+type usageError struct{ error }
+
+func isUsage(err error) bool {
+	var u usageError
+	return errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown ") || strings.Contains(err.Error(), "flag")
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "nsfleet",
+		Short: "Create, repair and tear down thousands of network namespaces at kernel speed",
+		Long: `nsfleet declares a fleet of Linux network namespaces (with loopback state,
+sysctls, veth pairs, addresses and routes) in a YAML spec, and makes the
+machine match it without spawning a process per operation. Its pins are
+iproute2's: 'ip netns list', 'ip -n NAME' and 'ip netns exec' see them.`,
+		Example: `  # create 3,000 Neutron-style fake routers, then remove them
+  nsfleet up -f examples/fake-routers.yaml
+  nsfleet ls --prefix bar- | head
+  nsfleet down -f examples/fake-routers.yaml
+
+  # see what up would do, without doing it
+  nsfleet up -f examples/lab.yaml --dry-run
+
+  # work in a private run dir instead of /run/netns
+  nsfleet --run-dir /tmp/lab/netns up -f examples/lab.yaml`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			level := slog.LevelInfo
+			if g.verbose {
+				level = slog.LevelDebug
+			}
+			g.log = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
+			if g.workers < 0 {
+				return usageError{fmt.Errorf("--workers %d: want 0 (automatic) or more", g.workers)}
+			}
+			return nil
+		},
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.runDir, "run-dir", netns.DefaultRunDir, "directory of namespace pins (iproute2 uses /run/netns)")
+	pf.IntVarP(&g.workers, "workers", "w", 0, "parallel workers (0: one per CPU, which measures fastest)")
+	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log each step")
+	pf.BoolVar(&g.waitLock, "wait-lock", false, "wait for another nsfleet on the same run dir instead of failing")
+	root.AddCommand(newUp(g), newDown(g), newLs(g))
+	return root
+}
+
+// openRunDir opens and locks the run dir for a command that changes it.
+func (g *globals) openRunDir(create bool) (*netns.RunDir, *netns.Lock, error) {
+	rd, err := netns.OpenRunDir(g.runDir, create)
+	if err != nil {
+		return nil, nil, err
+	}
+	lock, err := rd.Lock(g.waitLock)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rd, lock, nil
+}
+
+func loadSpec(path string) (*spec.Fleet, error) {
+	limit := 0
+	if b, err := os.ReadFile("/proc/sys/user/max_net_namespaces"); err == nil {
+		limit, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	return spec.Load(path, spec.Options{MaxNamespaces: limit})
+}
+
+func (g *globals) options(rd *netns.RunDir) fleet.Options {
+	return fleet.Options{RunDir: rd, Workers: g.workers, Log: g.log}
+}

@@ -1,0 +1,118 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/spf13/cobra"
+)
+
+func newDown(g *globals) *cobra.Command {
+	var file, prefix, progressMode string
+	var noWait, adopt, dryRun bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "down (-f SPEC | --prefix P)",
+		Short: "Delete a fleet in bulk and wait until the kernel has freed it",
+		Long: `down deletes the namespaces a spec names (or whose names start with a
+prefix) the fast way: it checks them all, then detaches and removes every
+pin at once, so the kernel frees them in large batches instead of one RCU
+grace period per device. It never deletes veths one by one: a veth goes with
+its namespace.
+
+By default down then waits until the kernel has really finished: the
+host-side veths are gone and the namespaces are freed. --timeout bounds the
+wait and reports what is still pending (typically a namespace that a process
+still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
+		Example: `  nsfleet down -f examples/fake-routers.yaml
+  nsfleet down --prefix bar- --timeout 10s
+  nsfleet down --prefix lab- --no-wait`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if (file == "") == (prefix == "") {
+				return usageError{fmt.Errorf("down: give exactly one of -f SPEC or --prefix P")}
+			}
+			var sel fleet.Selector
+			if file != "" {
+				f, err := loadSpec(file)
+				if err != nil {
+					return err
+				}
+				sel.Names = f.Names()
+			} else {
+				sel.Prefix = prefix
+			}
+			rd, lock, err := g.openRunDir(false)
+			if err != nil {
+				return fmt.Errorf("down: %w", err)
+			}
+			defer lock.Unlock()
+			opts := g.options(rd)
+			opts.Adopt, opts.DryRun = adopt, dryRun
+			prog := newProgress(g.stderr, "down", 0, progressMode)
+			opts.OnResult = func(r fleet.Result) {
+				if r.Err != nil {
+					prog.printAbove(r.Err.Error())
+				}
+			}
+			rep, err := fleet.Down(cmd.Context(), sel, opts, fleet.DownOptions{Wait: !noWait, Timeout: timeout})
+			if err != nil {
+				return err
+			}
+			printDownReport(g.stdout, &rep)
+			if rep.Interrupted {
+				return &exitError{code: ExitInterrupted, err: fmt.Errorf("down: %w", fleet.ErrInterrupted)}
+			}
+			if len(rep.Pending) > 0 {
+				return &exitError{code: ExitFailed, err: fmt.Errorf("down: kernel cleanup still pending after %s", timeout)}
+			}
+			if err := rep.Err(); err != nil {
+				return &exitError{code: ExitFailed, err: fmt.Errorf("down: %w", err)}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "spec file naming the namespaces to delete")
+	cmd.Flags().StringVar(&prefix, "prefix", "", "delete the namespaces whose names start with P")
+	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the pins are removed, without waiting for the kernel")
+	cmd.Flags().DurationVar(&timeout, "timeout", 60*time.Second, "how long to wait for the kernel before reporting what is pending")
+	cmd.Flags().BoolVar(&adopt, "adopt", false, "also delete matching namespaces that nsfleet did not make")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be deleted and change nothing")
+	cmd.Flags().StringVar(&progressMode, "progress", "auto", "progress display: auto, bar, plain, none")
+	return cmd
+}
+
+func printDownReport(w io.Writer, r *fleet.DownReport) {
+	c := r.Counts
+	if r.Total == 0 {
+		fmt.Fprintln(w, "down: nothing to delete")
+		return
+	}
+	if n := c["would delete"]; n > 0 || r.Total > 0 && c[fleet.Deleted] == 0 && c[fleet.Failed] == 0 && c[fleet.Skipped] == 0 {
+		fmt.Fprintf(w, "down (dry run): would delete %d namespaces\n", n)
+		return
+	}
+	fmt.Fprintf(w, "down: %d deleted, %d skipped, %d failed; pins removed in %.2fs\n",
+		c[fleet.Deleted], c[fleet.Skipped], c[fleet.Failed], r.Unpinned.Seconds())
+	if r.StaleRemove > 0 {
+		fmt.Fprintf(w, "down: %d of them were pin files with no namespace (left by a crash)\n", r.StaleRemove)
+	}
+	if !r.Waited {
+		return
+	}
+	if len(r.Pending) > 0 {
+		fmt.Fprintf(w, "down: still pending:\n")
+		for i, p := range r.Pending {
+			if i == 20 {
+				fmt.Fprintf(w, "  ... and %d more\n", len(r.Pending)-20)
+				break
+			}
+			fmt.Fprintf(w, "  %s\n", p)
+		}
+		return
+	}
+	fmt.Fprintf(w, "down: kernel finished in %.2fs: %d host veths gone at %.2fs, namespaces freed at %.2fs\n",
+		r.Freed.Seconds(), r.HostVeths, r.LinksGone.Seconds(), r.Freed.Seconds())
+}

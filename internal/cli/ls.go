@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/spec"
+	"github.com/spf13/cobra"
+)
+
+func newLs(g *globals) *cobra.Command {
+	var file, prefix, output string
+	cmd := &cobra.Command{
+		Use:   "ls [-f SPEC | --prefix P] [-o table|json]",
+		Short: "List namespaces with their links and whether they match the spec",
+		Long: `ls shows the namespaces in the run dir (all of them, those starting with a
+prefix, or those a spec names) with each one's links and state:
+
+  ok       pinned, made by nsfleet, and matching the spec (if one is given)
+  drift    made by nsfleet, but different from the spec (see the DRIFT column)
+  foreign  pinned, but not made by nsfleet (e.g. by 'ip netns add')
+  stale    a pin file with no namespace mounted on it (left by a crash)
+  missing  in the spec but not on the machine
+
+A link is shown as name:up or name:down; a veth's host end follows its name
+after '='.`,
+		Example: `  nsfleet ls
+  nsfleet ls --prefix bar- -o json | jq '.[] | select(.state != "ok")'
+  nsfleet ls -f examples/fake-routers.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if file != "" && prefix != "" {
+				return usageError{fmt.Errorf("ls: give -f SPEC or --prefix P, not both")}
+			}
+			if output != "table" && output != "json" {
+				return usageError{fmt.Errorf("ls: -o %q: want table or json", output)}
+			}
+			var f *spec.Fleet
+			if file != "" {
+				var err error
+				if f, err = loadSpec(file); err != nil {
+					return err
+				}
+			}
+			rd, err := netns.OpenRunDir(g.runDir, false)
+			if err != nil {
+				return fmt.Errorf("ls: %w", err)
+			}
+			st, err := fleet.List(cmd.Context(), f, fleet.Selector{Prefix: prefix}, g.options(rd))
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				enc := json.NewEncoder(g.stdout)
+				enc.SetIndent("", "  ")
+				if st == nil {
+					st = []fleet.Status{}
+				}
+				return enc.Encode(st)
+			}
+			printStatusTable(g.stdout, st)
+			if f != nil {
+				for _, s := range st {
+					if s.State != fleet.StateOK {
+						return &exitError{code: ExitFailed, err: fmt.Errorf("ls: the machine does not match %s", file)}
+					}
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "compare with this spec and list its namespaces")
+	cmd.Flags().StringVar(&prefix, "prefix", "", "only namespaces whose names start with P")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+func printStatusTable(w io.Writer, st []fleet.Status) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSTATE\tNSFLEET\tLINKS\tDRIFT")
+	counts := map[fleet.State]int{}
+	for _, s := range st {
+		counts[s.State]++
+		var links []string
+		for _, l := range s.Links {
+			t := l.Name
+			if l.Host != "" {
+				t += "=" + l.Host
+			}
+			if l.Up {
+				t += ":up"
+			} else {
+				t += ":down"
+			}
+			links = append(links, t)
+		}
+		drift := strings.Join(s.Drift, "; ")
+		if s.Error != "" {
+			drift = s.Error
+		}
+		owned := "no"
+		if s.Owned {
+			owned = "yes"
+		}
+		if s.State == fleet.StateMissing || s.State == fleet.StateStale {
+			owned = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, owned, strings.Join(links, " "), drift)
+	}
+	tw.Flush()
+	var parts []string
+	for _, k := range []fleet.State{fleet.StateOK, fleet.StateDrift, fleet.StateForeign, fleet.StateStale, fleet.StateMissing, fleet.StateError} {
+		if counts[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", counts[k], k))
+		}
+	}
+	if len(parts) == 0 {
+		parts = []string{"no namespaces"}
+	}
+	fmt.Fprintf(w, "%d namespaces: %s\n", len(st), strings.Join(parts, ", "))
+}

@@ -1,0 +1,90 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+)
+
+// progress shows long work: a bar with rate and ETA on a terminal, a plain
+// line every few seconds otherwise (logs, CI), or nothing. Calls must come
+// from one goroutine at a time (fleet's OnResult guarantees it).
+type progress struct {
+	w        io.Writer
+	verb     string
+	total    int
+	done     int
+	start    time.Time
+	lastLine time.Time
+	bar      *progressbar.ProgressBar
+	plain    bool
+}
+
+// plainEvery is the interval of plain progress lines.
+const plainEvery = 2 * time.Second
+
+func newProgress(w io.Writer, verb string, total int, mode string) *progress {
+	p := &progress{w: w, verb: verb, total: total, start: time.Now(), lastLine: time.Now()}
+	if mode == "auto" {
+		mode = "plain"
+		if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			mode = "bar"
+		}
+	}
+	switch {
+	case total < 2 || mode == "none":
+	case mode == "bar":
+		p.bar = progressbar.NewOptions(total,
+			progressbar.OptionSetWriter(w),
+			progressbar.OptionSetDescription(verb),
+			progressbar.OptionShowCount(),
+			progressbar.OptionShowIts(),
+			progressbar.OptionSetItsString("ns"),
+			progressbar.OptionSetPredictTime(true),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionClearOnFinish(),
+			progressbar.OptionFullWidth(),
+		)
+	default:
+		p.plain = true
+	}
+	return p
+}
+
+func (p *progress) add() {
+	p.done++
+	switch {
+	case p.bar != nil:
+		p.bar.Add(1)
+	case p.plain && time.Since(p.lastLine) >= plainEvery && p.done < p.total:
+		p.lastLine = time.Now()
+		el := time.Since(p.start).Seconds()
+		rate := float64(p.done) / el
+		eta := float64(p.total-p.done) / rate
+		fmt.Fprintf(p.w, "%s: %d/%d (%.0f%%) %.0f/s, eta %.0fs\n", p.verb, p.done, p.total, 100*float64(p.done)/float64(p.total), rate, eta)
+	}
+}
+
+// printAbove prints a line to the progress writer without breaking the bar.
+func (p *progress) printAbove(msg string) { p.printAboveTo(p.w, msg) }
+
+func (p *progress) printAboveTo(w io.Writer, msg string) {
+	if p.bar != nil {
+		p.bar.Clear()
+	}
+	fmt.Fprintln(w, msg)
+	if p.bar != nil {
+		p.bar.RenderBlank()
+	}
+}
+
+func (p *progress) finish() {
+	if p.bar != nil {
+		p.bar.Finish()
+		p.bar.Clear()
+	}
+}

@@ -1,0 +1,129 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/spf13/cobra"
+)
+
+func newUp(g *globals) *cobra.Command {
+	var file string
+	var dryRun, adopt, marks bool
+	var progressMode string
+	cmd := &cobra.Command{
+		Use:   "up -f SPEC",
+		Short: "Make the machine match a spec: create what is missing, repair drift",
+		Long: `up reads a spec, checks all of it, and then makes the machine match it:
+namespaces that are missing are created (lo, veths with their peers created
+inside the namespace, sysctls, routes, then the pin), namespaces that drifted
+are repaired (lo down, a sysctl changed, a veth missing), and the rest is left
+alone. A second up on an unchanged machine changes nothing.
+
+Namespaces that exist but were not made by nsfleet (for example by
+'ip netns add') are reported and left alone unless --adopt is given.
+Interrupted with Ctrl-C, up finishes the namespaces in flight, prints its
+summary and exits with code 130; the next up carries on.`,
+		Example: `  nsfleet up -f examples/fake-routers.yaml
+  nsfleet up -f examples/lab.yaml --dry-run
+  nsfleet up -f fleet.yaml --workers 4 --marks`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if file == "" {
+				return usageError{fmt.Errorf("up: -f SPEC is required")}
+			}
+			f, err := loadSpec(file)
+			if err != nil {
+				return err
+			}
+			rd, lock, err := g.openRunDir(!dryRun)
+			if err != nil {
+				return fmt.Errorf("up: %w", err)
+			}
+			defer lock.Unlock()
+			opts := g.options(rd)
+			opts.DryRun, opts.Adopt = dryRun, adopt
+			verb := "up"
+			if dryRun {
+				verb = "plan"
+			}
+			prog := newProgress(g.stderr, verb, len(f.Namespaces), progressMode)
+			var failures []fleet.Result
+			opts.OnResult = func(r fleet.Result) {
+				prog.add()
+				if r.Err != nil {
+					failures = append(failures, r)
+					prog.printAbove(r.Err.Error())
+				}
+				if dryRun && r.Action != fleet.Unchanged && r.Err == nil {
+					prog.printAboveTo(g.stdout, fmt.Sprintf("%s %s: %s", r.Action, r.Name, strings.Join(r.Fixes, "; ")))
+				}
+				if g.verbose && r.Action == fleet.Repaired {
+					prog.printAbove(fmt.Sprintf("repaired %s: %s", r.Name, strings.Join(r.Fixes, "; ")))
+				}
+			}
+			sum, err := fleet.Up(cmd.Context(), f, opts)
+			prog.finish()
+			if err != nil {
+				return err
+			}
+			printUpSummary(g.stdout, verb, &sum)
+			if marks {
+				printMarks(g.stdout, &sum)
+			}
+			if serr := sum.Err(); serr != nil {
+				code := ExitFailed
+				if sum.Interrupted {
+					code = ExitInterrupted
+				}
+				return &exitError{code: code, err: fmt.Errorf("%s: %w", verb, serr)}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "spec file (YAML)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print the plan and change nothing")
+	cmd.Flags().BoolVar(&adopt, "adopt", false, "take over matching namespaces that nsfleet did not make")
+	cmd.Flags().BoolVar(&marks, "marks", false, "print the rate of every 250 namespaces (the 2014 thread's marks)")
+	cmd.Flags().StringVar(&progressMode, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, plain, none")
+	return cmd
+}
+
+func printUpSummary(w io.Writer, verb string, s *fleet.Summary) {
+	c := s.Counts
+	if verb == "plan" {
+		fmt.Fprintf(w, "plan: %d namespaces: %d to create, %d to repair, %d unchanged, %d failed, %d skipped\n",
+			s.Total, c[fleet.WouldCreate], c[fleet.WouldRepair], c[fleet.Unchanged], c[fleet.Failed], c[fleet.Skipped])
+		return
+	}
+	status := ""
+	if s.Interrupted {
+		status = " (interrupted)"
+	}
+	if c[fleet.Created]+c[fleet.Repaired] == 0 && c[fleet.Failed]+c[fleet.Skipped] == 0 && !s.Interrupted {
+		fmt.Fprintf(w, "up: %d namespaces already match the spec; nothing to do (%.2fs)\n", c[fleet.Unchanged], s.Elapsed.Seconds())
+		return
+	}
+	fmt.Fprintf(w, "up%s: %d created, %d repaired, %d unchanged, %d failed, %d skipped in %.2fs (%.0f routers/s)\n",
+		status, c[fleet.Created], c[fleet.Repaired], c[fleet.Unchanged], c[fleet.Failed], c[fleet.Skipped],
+		s.Elapsed.Seconds(), s.Rate())
+	if n := s.Total - (c[fleet.Created] + c[fleet.Repaired] + c[fleet.Unchanged] + c[fleet.Failed] + c[fleet.Skipped]); n > 0 {
+		fmt.Fprintf(w, "up: %d namespaces not started; run up again to continue\n", n)
+	}
+}
+
+func printMarks(w io.Writer, s *fleet.Summary) {
+	rates := s.MarkRates()
+	if len(rates) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "%8s %10s %12s\n", "mark", "elapsed", "routers/s")
+	for i, r := range rates {
+		fmt.Fprintf(w, "%8d %9.2fs %12.0f\n", (i+1)*s.Mark, s.Marks[i].Seconds(), r)
+	}
+	if len(rates) > 1 {
+		fmt.Fprintf(w, "last/first mark: %.0f%%\n", 100*rates[len(rates)-1]/rates[0])
+	}
+}

@@ -1,0 +1,393 @@
+package netns
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultRunDir is where iproute2 keeps its pins.
+const DefaultRunDir = "/run/netns"
+
+// RunDir is a directory of pins.
+type RunDir struct {
+	// Path is the run dir with symlinks in its parents resolved, so it can be
+	// matched against /proc/self/mountinfo.
+	Path string
+}
+
+// ErrSymlink is returned for a run dir or pin that is a symbolic link:
+// nsfleet never follows a link out of the run dir.
+var ErrSymlink = errors.New("is a symbolic link")
+
+// OpenRunDir checks path and returns its RunDir. With create, a missing
+// directory is made (0755, as iproute2 does) together with its parents.
+func OpenRunDir(path string, create bool) (*RunDir, error) {
+	if path == "" {
+		path = DefaultRunDir
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("run dir %s: %w", path, err)
+	}
+	fi, err := os.Lstat(abs)
+	if errors.Is(err, os.ErrNotExist) && create {
+		if err := os.MkdirAll(abs, 0o755); err != nil {
+			return nil, fmt.Errorf("run dir %s: %w", path, err)
+		}
+		fi, err = os.Lstat(abs)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("run dir %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return nil, fmt.Errorf("run dir %s: %w; give the directory it points to instead", path, ErrSymlink)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("run dir %s: not a directory", path)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return nil, fmt.Errorf("run dir %s: %w", path, err)
+	}
+	return &RunDir{Path: real}, nil
+}
+
+// PinPath returns the path of the pin called name.
+func (d *RunDir) PinPath(name string) string { return filepath.Join(d.Path, name) }
+
+// MountState describes the run dir's own mount, read from mountinfo.
+type MountState struct {
+	IsMountPoint bool
+	Propagation  string // of the run dir's mount, or of the mount it lives on
+	Parent       string // mount point that holds the run dir
+	ParentProp   string
+}
+
+// State reads the run dir's mount state from /proc/self/mountinfo.
+func (d *RunDir) State() (MountState, error) {
+	mounts, err := ReadMountInfo()
+	if err != nil {
+		return MountState{}, err
+	}
+	return d.stateFrom(mounts), nil
+}
+
+func (d *RunDir) stateFrom(mounts []Mount) MountState {
+	var st MountState
+	// The last mount at a path is the visible one; the parent is the
+	// longest mount point that is a prefix of the run dir.
+	best := -1
+	for i, m := range mounts {
+		if m.MountPoint == d.Path {
+			st.IsMountPoint = true
+			st.Propagation = m.Propagation()
+			best = i
+		}
+	}
+	parentLen := -1
+	for _, m := range mounts {
+		if m.MountPoint == d.Path {
+			continue
+		}
+		if isUnder(d.Path, m.MountPoint) && len(m.MountPoint) >= parentLen {
+			parentLen = len(m.MountPoint)
+			st.Parent = m.MountPoint
+			st.ParentProp = m.Propagation()
+		}
+	}
+	if best < 0 {
+		st.Propagation = st.ParentProp
+	}
+	return st
+}
+
+func isUnder(path, dir string) bool {
+	if dir == "/" {
+		return true
+	}
+	return path == dir || strings.HasPrefix(path, dir+"/")
+}
+
+// Setup prepares the run dir as current iproute2 does before its first pin,
+// but decides from mountinfo instead of by trial: under an exclusive flock
+// on the directory, if it is not a mount point, bind it onto itself and make
+// it private, then shared; if it is a mount point but not shared, make it
+// shared. Shared pins propagate an unmount to every mount namespace, which
+// lets the kernel free a namespace sooner. It returns what it did, for -v.
+func (d *RunDir) Setup() (string, error) {
+	fd, err := unix.Open(d.Path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return "", fmt.Errorf("run dir %s: open: %w", d.Path, err)
+	}
+	defer unix.Close(fd)
+	// iproute2 takes the same lock, so the two never race on this step
+	// (https://bugs.debian.org/949235: racing binds stack without bound).
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		return "", fmt.Errorf("run dir %s: flock: %w", d.Path, err)
+	}
+	defer unix.Flock(fd, unix.LOCK_UN)
+	st, err := d.State()
+	if err != nil {
+		return "", err
+	}
+	var did []string
+	if !st.IsMountPoint {
+		if err := unix.Mount(d.Path, d.Path, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return "", fmt.Errorf("run dir %s: bind onto itself: %w", d.Path, err)
+		}
+		if err := unix.Mount("", d.Path, "none", unix.MS_PRIVATE, ""); err != nil {
+			return "", fmt.Errorf("run dir %s: make private: %w", d.Path, err)
+		}
+		did = append(did, "bound onto itself, made private")
+		st.Propagation = "private"
+	}
+	if st.Propagation != "shared" && st.Propagation != "shared+slave" {
+		if err := unix.Mount("", d.Path, "none", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+			return "", fmt.Errorf("run dir %s: make shared: %w", d.Path, err)
+		}
+		did = append(did, "made shared")
+	}
+	if len(did) == 0 {
+		return "run dir " + d.Path + " already a shared mount point", nil
+	}
+	return "run dir " + d.Path + ": " + strings.Join(did, ", "), nil
+}
+
+// Pin bind-mounts ns onto an empty file called name in the run dir. The file
+// is created exclusively; if an empty file without a mount is already there
+// (left by a crash between create and mount), it is reused.
+func (d *RunDir) Pin(name string, ns *NS) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	p := d.PinPath(name)
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, unix.EEXIST) {
+		if serr := d.checkStale(name); serr != nil {
+			return serr
+		}
+		err = nil
+	} else if err == nil {
+		unix.Close(fd)
+	}
+	if err != nil {
+		return fmt.Errorf("pin %s: create: %w", p, err)
+	}
+	if err := unix.Mount(ns.Path(), p, "none", unix.MS_BIND, ""); err != nil {
+		unix.Unlink(p)
+		return fmt.Errorf("pin %s: bind mount: %w", p, err)
+	}
+	return nil
+}
+
+// ErrExists is matched by errors.Is when a pin already holds a namespace.
+var ErrExists = errors.New("already pinned")
+
+// checkStale succeeds only if the pin is a regular empty file with nothing
+// mounted on it.
+func (d *RunDir) checkStale(name string) error {
+	p := d.PinPath(name)
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return fmt.Errorf("pin %s: %w", p, err)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return fmt.Errorf("pin %s: %w", p, ErrSymlink)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(p, &fs); err == nil && fs.Type == nsfsMagic {
+		return fmt.Errorf("pin %s: %w", p, ErrExists)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != 0 {
+		return fmt.Errorf("pin %s: exists and is not an empty file", p)
+	}
+	return nil
+}
+
+// Unpin detaches the mount on the pin and removes the file, as `ip netns del`
+// does. The kernel frees the namespace once nothing else holds it. A pin
+// file with nothing mounted is just removed; a missing pin is not an error.
+func (d *RunDir) Unpin(name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	p := d.PinPath(name)
+	// A pin may have several mounts stacked on it (two racing `ip netns add`
+	// runs); detach until none is left.
+	for i := 0; i < 16; i++ {
+		err := unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		if err != nil {
+			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+				break // not a mount point (any more)
+			}
+			return fmt.Errorf("unpin %s: umount: %w", p, err)
+		}
+	}
+	if err := unix.Unlink(p); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unpin %s: unlink: %w", p, err)
+	}
+	return nil
+}
+
+// Open opens the namespace pinned as name. It fails with ErrNotNamespace on
+// a pin file with nothing mounted, and never follows a symlink.
+func (d *RunDir) Open(name string) (*NS, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	p := d.PinPath(name)
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, fmt.Errorf("open %s: %w", p, ErrSymlink)
+		}
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	n, err := fromFd(fd)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open %s: %w", p, err)
+	}
+	return n, nil
+}
+
+// Pin describes one entry of the run dir.
+type PinInfo struct {
+	Name    string
+	Mounted bool   // an nsfs mount is on it
+	Inode   uint64 // the namespace's inode when Mounted
+	Mounts  int    // how many mounts are stacked on it (more than 1 is a double pin)
+	Symlink bool
+}
+
+// List returns the run dir's entries sorted by name, with their mount state
+// taken from mountinfo (no namespace is opened).
+func (d *RunDir) List() ([]PinInfo, error) {
+	f, err := os.Open(d.Path)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.Path, err)
+	}
+	ents, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.Path, err)
+	}
+	mounts, err := ReadMountInfo()
+	if err != nil {
+		return nil, err
+	}
+	type mstate struct {
+		n     int
+		inode uint64
+	}
+	byPath := map[string]*mstate{}
+	for _, m := range mounts {
+		if filepath.Dir(m.MountPoint) != d.Path {
+			continue
+		}
+		s := byPath[m.MountPoint]
+		if s == nil {
+			s = &mstate{}
+			byPath[m.MountPoint] = s
+		}
+		s.n++
+		s.inode = 0
+		if m.FSType == "nsfs" {
+			s.inode = nsfsInode(m.Root)
+		}
+	}
+	out := make([]PinInfo, 0, len(ents))
+	for _, e := range ents {
+		pi := PinInfo{Name: e.Name(), Symlink: e.Type()&os.ModeSymlink != 0}
+		if s := byPath[filepath.Join(d.Path, e.Name())]; s != nil {
+			pi.Mounts = s.n
+			pi.Mounted = s.inode != 0
+			pi.Inode = s.inode
+		}
+		out = append(out, pi)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// nsfsInode parses the root field of an nsfs mount, "net:[4026532281]".
+func nsfsInode(root string) uint64 {
+	i := strings.IndexByte(root, '[')
+	if !strings.HasPrefix(root, "net:[") || i < 0 || !strings.HasSuffix(root, "]") {
+		return 0
+	}
+	var n uint64
+	for _, c := range root[i+1 : len(root)-1] {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return n
+}
+
+func checkName(name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") || len(name) > 255 {
+		return fmt.Errorf("namespace name %q: %w", name, syscall.EINVAL)
+	}
+	return nil
+}
+
+// Lock is nsfleet's exclusive claim on a run dir: two nsfleet runs on one run
+// dir never interleave. It is a flock on a file beside the run dir (not in
+// it: `ip netns list` would show it, and iproute2 briefly flocks the run dir
+// itself).
+type Lock struct {
+	f *os.File
+}
+
+// ErrLocked is returned when another nsfleet holds the lock.
+var ErrLocked = errors.New("another nsfleet is working on this run dir")
+
+// LockPath returns the lock file used for the run dir.
+func (d *RunDir) LockPath() string {
+	return filepath.Join(filepath.Dir(d.Path), "."+filepath.Base(d.Path)+".nsfleet.lock")
+}
+
+// Lock takes the run dir's lock. With wait false it fails at once with
+// ErrLocked (naming the holder's PID) when another nsfleet holds it.
+func (d *RunDir) Lock(wait bool) (*Lock, error) {
+	p := d.LockPath()
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", p, err)
+	}
+	how := unix.LOCK_EX
+	if !wait {
+		how |= unix.LOCK_NB
+	}
+	if err := unix.Flock(int(f.Fd()), how); err != nil {
+		holder, _ := os.ReadFile(p)
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w (lock %s held by pid %s); wait for it or pass --wait-lock", ErrLocked, p, strings.TrimSpace(string(holder)))
+		}
+		return nil, fmt.Errorf("lock %s: %w", p, err)
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(fmt.Sprintf("%d\n", os.Getpid())), 0)
+	return &Lock{f: f}, nil
+}
+
+// Unlock releases the lock. The kernel releases it too if the process dies.
+func (l *Lock) Unlock() error {
+	if l == nil || l.f == nil {
+		return nil
+	}
+	l.f.Truncate(0)
+	err := l.f.Close()
+	l.f = nil
+	return err
+}
