@@ -58,16 +58,16 @@ func (o *Observed) Owned() bool {
 type FixKind int
 
 const (
-	FixMarker     FixKind = iota // set lo's alias to Marker (adopt)
-	FixLoopback                  // set lo up or down
-	FixVeth                      // create a missing pair
-	FixReplaceVeth               // delete a wrong pair or a stray end inside, then create
-	FixVethMTU                   // set MTU on both ends
-	FixVethUp                    // set both ends up
-	FixHostAddr                  // add an address on the host end
-	FixPeerAddr                  // add an address on the peer end
-	FixSysctl                    // write a sysctl
-	FixRoute                     // add or replace a route
+	FixMarker      FixKind = iota // set lo's alias to Marker (adopt)
+	FixLoopback                   // set lo up or down
+	FixVeth                       // create a missing pair
+	FixReplaceVeth                // delete a wrong pair or a stray end inside, then create
+	FixVethMTU                    // set MTU on both ends
+	FixVethUp                     // set both ends up
+	FixHostAddr                   // add an address on the host end
+	FixPeerAddr                   // add an address on the peer end
+	FixSysctl                     // write a sysctl
+	FixRoute                      // add or replace a route
 )
 
 // Fix is one step that brings a namespace to its spec.
