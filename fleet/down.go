@@ -305,15 +305,18 @@ func waitLinksGone(ctx context.Context, host *rtnl.Conn, veths map[int]string) (
 func freeBarrier(ctx context.Context, host *rtnl.Conn) error {
 	for round := 0; round < 2; round++ {
 		name := fmt.Sprintf("nsfb%d-%d", os.Getpid()%10000000, round)
-		var idx int
 		h, err := netns.Create(func(inside *netns.NS) error {
-			var err error
-			idx, err = host.AddVeth(rtnl.VethPair{Host: name, Peer: "p", PeerNsFd: inside.Fd()})
-			return err
+			return host.AddVeth(rtnl.VethPair{Host: name, Peer: "p", PeerNsFd: inside.Fd()})
 		})
 		if err != nil {
 			return fmt.Errorf("sentinel: %w", err)
 		}
+		l, err := host.LinkByName(name)
+		if err != nil {
+			h.Close()
+			return fmt.Errorf("sentinel: %w", err)
+		}
+		idx := l.Index
 		h.Close() // the sentinel's last reference: it is queued for cleanup now
 		if _, err := waitLinksGone(ctx, host, map[int]string{idx: name}); err != nil {
 			if errors.Is(err, context.DeadlineExceeded) {

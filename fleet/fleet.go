@@ -42,6 +42,8 @@ type Options struct {
 	DryRun  bool         // Up: plan only
 	Mark    int          // throughput mark interval; 0: DefaultMark
 	Log     *slog.Logger // step-level log; nil: discard
+	// Steps, if set, receives the time of each creation step (Up only).
+	Steps *StepTimes
 	// OnResult, if set, is called once per namespace as it is finished,
 	// from one goroutine at a time.
 	OnResult func(Result)

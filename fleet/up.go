@@ -196,54 +196,81 @@ func (w *worker) create(ns *spec.Namespace) error {
 	if err := w.proc.NextNamespace(); err != nil {
 		return err
 	}
+	sw := newStopwatch(w.opts.Steps != nil)
+	defer w.opts.Steps.add(sw)
 	h, err := netns.Create(func(inside *netns.NS) error {
-		in, err := rtnl.Open()
+		sw.lap(StepUnshare)
+		open := rtnl.OpenLite // one socket: enough for lo and plain veths
+		if needsFullConn(ns) {
+			open = rtnl.Open
+		}
+		in, err := open()
 		if err != nil {
 			return err
 		}
 		defer in.Close()
-		if err := in.SetAlias(rtnl.LoopbackIndex, Marker); err != nil {
-			return fmt.Errorf("lo: %w", err)
+		if err := in.SetLoopback(ns.Loopback, Marker); err != nil {
+			return err
 		}
-		if ns.Loopback {
-			if err := in.SetUp(rtnl.LoopbackIndex, true); err != nil {
-				return fmt.Errorf("lo: %w", err)
-			}
-		}
+		sw.lap(StepLo)
 		for _, v := range ns.Veths {
 			if err := w.addVeth(in, inside, v); err != nil {
 				return err
 			}
 		}
+		sw.lap(StepVeth)
 		for _, s := range ns.Sysctls {
 			if err := w.proc.Write(s.Key, s.Value); err != nil {
 				return err
 			}
 		}
+		sw.lap(StepSysctl)
 		for _, r := range ns.Routes {
 			if err := addRoute(in, r); err != nil {
 				return err
 			}
 		}
+		sw.lap(StepRoute)
 		return nil
 	})
+	sw.lap(StepBack)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	return w.rd.Pin(ns.Name, h)
+	err = w.rd.Pin(ns.Name, h)
+	sw.lap(StepPin)
+	return err
+}
+
+// needsFullConn reports whether creating ns needs more than raw writes
+// inside it: lookups for addresses, link state and routes.
+func needsFullConn(ns *spec.Namespace) bool {
+	if len(ns.Routes) > 0 {
+		return true
+	}
+	for _, v := range ns.Veths {
+		if v.Up || len(v.PeerAddrs) > 0 || len(v.HostAddrs) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // addVeth creates the pair with its peer directly inside the namespace, then
 // sets it up and addresses it as the spec says.
 func (w *worker) addVeth(in *rtnl.Conn, inside *netns.NS, v spec.Veth) error {
-	hostIdx, err := w.host.AddVeth(rtnl.VethPair{Host: v.Host, Peer: v.Peer, MTU: v.MTU, PeerNsFd: inside.Fd()})
-	if err != nil {
+	if err := w.host.AddVeth(rtnl.VethPair{Host: v.Host, Peer: v.Peer, MTU: v.MTU, PeerNsFd: inside.Fd()}); err != nil {
 		return err
 	}
 	if !v.Up && len(v.PeerAddrs) == 0 && len(v.HostAddrs) == 0 {
 		return nil
 	}
+	host, err := w.host.LinkByName(v.Host)
+	if err != nil {
+		return fmt.Errorf("veth %s/%s: %w", v.Host, v.Peer, err)
+	}
+	hostIdx := host.Index
 	peer, err := in.LinkByName(v.Peer)
 	if err != nil {
 		return fmt.Errorf("veth %s/%s: %w", v.Host, v.Peer, err)
@@ -379,10 +406,8 @@ func observe(in *rtnl.Conn, proc *sysctl.Procfs, ns *spec.Namespace, obs *Observ
 // apply carries out one fix; it runs inside the namespace.
 func (w *worker) apply(in *rtnl.Conn, h *netns.NS, ns *spec.Namespace, obs *Observed, f Fix) error {
 	switch f.Kind {
-	case FixMarker:
-		return in.SetAlias(rtnl.LoopbackIndex, Marker)
-	case FixLoopback:
-		return in.SetUp(rtnl.LoopbackIndex, ns.Loopback)
+	case FixMarker, FixLoopback:
+		return in.SetLoopback(ns.Loopback, Marker)
 	case FixVeth, FixReplaceVeth:
 		for _, d := range f.Delete {
 			c := in

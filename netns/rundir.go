@@ -180,11 +180,23 @@ func (d *RunDir) Pin(name string, ns *NS) error {
 	if err != nil {
 		return fmt.Errorf("pin %s: create: %w", p, err)
 	}
-	if err := unix.Mount(ns.Path(), p, "none", unix.MS_BIND, ""); err != nil {
+	if err := bindNS(ns, p); err != nil {
 		unix.Unlink(p)
 		return fmt.Errorf("pin %s: bind mount: %w", p, err)
 	}
 	return nil
+}
+
+// bindNS bind-mounts the namespace onto path, with the mount API when the
+// kernel has it (no path lookup through /proc), else with mount(2).
+func bindNS(ns *NS, path string) error {
+	tree, err := unix.OpenTree(ns.fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		// Before 5.2, or where seccomp forbids it.
+		return unix.Mount(ns.Path(), path, "none", unix.MS_BIND, "")
+	}
+	defer unix.Close(tree)
+	return unix.MoveMount(tree, "", unix.AT_FDCWD, path, unix.MOVE_MOUNT_F_EMPTY_PATH)
 }
 
 // ErrExists is matched by errors.Is when a pin already holds a namespace.

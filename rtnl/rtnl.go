@@ -21,6 +21,8 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,25 +33,97 @@ const dumpRetries = 8
 var ErrDumpInterrupted = errors.New("netlink dump interrupted repeatedly by concurrent changes")
 
 // Conn is a route-netlink connection bound to one network namespace.
+//
+// It holds a raw socket, on which the hot-path writes (lo, veth creation,
+// link flags) are sent as single requests, and, unless opened with
+// OpenLite, a vishvananda/netlink handle for dumps, addresses and routes.
+// (The handle's own veth creation looks the new link up by name afterwards:
+// a round trip per veth that nsfleet does not need.)
 type Conn struct {
-	h *netlink.Handle
+	raw map[int]*nl.SocketHandle
+	h   *netlink.Handle
 }
+
+// ErrLite is returned by calls that need the full Conn on one from OpenLite.
+var ErrLite = errors.New("rtnl: call needs a Conn from Open, not OpenLite")
 
 // Open opens a Conn in the calling thread's network namespace.
 func Open() (*Conn, error) {
-	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	c, err := OpenLite()
+	if err != nil {
+		return nil, err
+	}
+	if c.h, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("netlink socket: %w", err)
+	}
+	return c, nil
+}
+
+// OpenLite opens a Conn that can only do the raw writes: SetLoopback,
+// AddVeth, SetUp, SetAlias, SetMTU and DeleteLink. It costs one socket.
+func OpenLite() (*Conn, error) {
+	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("netlink socket: %w", err)
 	}
-	return &Conn{h: h}, nil
+	return &Conn{raw: map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: s}}}, nil
 }
 
-// Close closes the socket.
+// Close closes the sockets.
 func (c *Conn) Close() {
-	if c != nil && c.h != nil {
+	if c == nil {
+		return
+	}
+	if c.h != nil {
 		c.h.Close()
 		c.h = nil
 	}
+	for _, s := range c.raw {
+		s.Close()
+	}
+	c.raw = nil
+}
+
+func (c *Conn) request(typ, flags int) *nl.NetlinkRequest {
+	return &nl.NetlinkRequest{
+		NlMsghdr: unix.NlMsghdr{Len: unix.SizeofNlMsghdr, Type: uint16(typ), Flags: unix.NLM_F_REQUEST | uint16(flags)},
+		Sockets:  c.raw,
+	}
+}
+
+func (c *Conn) full() error {
+	if c.h == nil {
+		return ErrLite
+	}
+	return nil
+}
+
+// setLink sends one RTM_NEWLINK for an existing link: flags under mask, and
+// the given attributes.
+func (c *Conn) setLink(index int, flags, mask uint32, attrs ...*nl.RtAttr) error {
+	req := c.request(unix.RTM_NEWLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(index)
+	msg.Flags, msg.Change = flags, mask
+	req.AddData(msg)
+	for _, a := range attrs {
+		req.AddData(a)
+	}
+	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+	return err
+}
+
+// SetLoopback sets lo up or down and its alias in one request.
+func (c *Conn) SetLoopback(up bool, alias string) error {
+	var flags uint32
+	if up {
+		flags = unix.IFF_UP
+	}
+	if err := c.setLink(LoopbackIndex, flags, unix.IFF_UP, nl.NewRtAttr(unix.IFLA_IFALIAS, []byte(alias))); err != nil {
+		return fmt.Errorf("lo: %w", err)
+	}
+	return nil
 }
 
 // LoopbackIndex is lo's ifindex in every network namespace.
@@ -86,6 +160,9 @@ func fromNetlink(l netlink.Link) Link {
 
 // Links dumps every link.
 func (c *Conn) Links() ([]Link, error) {
+	if err := c.full(); err != nil {
+		return nil, err
+	}
 	for try := 0; try < dumpRetries; try++ {
 		ls, err := c.h.LinkList()
 		if errors.Is(err, netlink.ErrDumpInterrupted) {
@@ -105,6 +182,9 @@ func (c *Conn) Links() ([]Link, error) {
 
 // LinkByName looks one link up.
 func (c *Conn) LinkByName(name string) (Link, error) {
+	if err := c.full(); err != nil {
+		return Link{}, err
+	}
 	l, err := c.h.LinkByName(name)
 	if err != nil {
 		return Link{}, fmt.Errorf("link %s: %w", name, err)
@@ -114,6 +194,9 @@ func (c *Conn) LinkByName(name string) (Link, error) {
 
 // LinkByIndex looks one link up by ifindex.
 func (c *Conn) LinkByIndex(index int) (Link, error) {
+	if err := c.full(); err != nil {
+		return Link{}, err
+	}
 	l, err := c.h.LinkByIndex(index)
 	if err != nil {
 		return Link{}, fmt.Errorf("link %d: %w", index, err)
@@ -125,21 +208,19 @@ func byIndex(i int) netlink.Link { return &netlink.Device{LinkAttrs: netlink.Lin
 
 // SetUp sets the link up or down.
 func (c *Conn) SetUp(index int, up bool) error {
-	var err error
+	var flags uint32
 	if up {
-		err = c.h.LinkSetUp(byIndex(index))
-	} else {
-		err = c.h.LinkSetDown(byIndex(index))
+		flags = unix.IFF_UP
 	}
-	if err != nil {
-		return fmt.Errorf("link %d set up=%v: %w", index, up, err)
+	if err := c.setLink(index, flags, unix.IFF_UP); err != nil {
+		return fmt.Errorf("link %d set %s: %w", index, map[bool]string{true: "up", false: "down"}[up], err)
 	}
 	return nil
 }
 
 // SetAlias sets the link's alias (ifalias; `ip link show` prints it).
 func (c *Conn) SetAlias(index int, alias string) error {
-	if err := c.h.LinkSetAlias(byIndex(index), alias); err != nil {
+	if err := c.setLink(index, 0, 0, nl.NewRtAttr(unix.IFLA_IFALIAS, []byte(alias))); err != nil {
 		return fmt.Errorf("link %d set alias: %w", index, err)
 	}
 	return nil
@@ -147,7 +228,7 @@ func (c *Conn) SetAlias(index int, alias string) error {
 
 // SetMTU sets the link's MTU.
 func (c *Conn) SetMTU(index, mtu int) error {
-	if err := c.h.LinkSetMTU(byIndex(index), mtu); err != nil {
+	if err := c.setLink(index, 0, 0, nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(mtu)))); err != nil {
 		return fmt.Errorf("link %d set mtu %d: %w", index, mtu, err)
 	}
 	return nil
@@ -163,22 +244,38 @@ type VethPair struct {
 }
 
 // AddVeth creates the pair in one request; the kernel makes both ends or
-// neither. It returns the host end's ifindex.
-func (c *Conn) AddVeth(v VethPair) (int, error) {
-	l := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: v.Host, MTU: v.MTU},
-		PeerName:      v.Peer,
-		PeerNamespace: netlink.NsFd(v.PeerNsFd),
+// neither. Names are always explicit (kernel-chosen names cost O(N)).
+func (c *Conn) AddVeth(v VethPair) error {
+	req := c.request(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(v.Host)))
+	if v.MTU > 0 {
+		req.AddData(nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(v.MTU))))
 	}
-	if err := c.h.LinkAdd(l); err != nil {
-		return 0, fmt.Errorf("veth %s/%s: %w", v.Host, v.Peer, err)
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("veth"))
+	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
+	peer := data.AddRtAttr(nl.VETH_INFO_PEER, nil)
+	nl.NewIfInfomsgChild(peer, unix.AF_UNSPEC)
+	peer.AddRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(v.Peer))
+	if v.MTU > 0 {
+		peer.AddRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(v.MTU)))
 	}
-	return l.Attrs().Index, nil
+	peer.AddRtAttr(unix.IFLA_NET_NS_FD, nl.Uint32Attr(uint32(v.PeerNsFd)))
+	req.AddData(info)
+	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+		return fmt.Errorf("veth %s/%s: %w", v.Host, v.Peer, err)
+	}
+	return nil
 }
 
 // DeleteLink deletes a link (and, for a veth, its peer).
 func (c *Conn) DeleteLink(index int) error {
-	if err := c.h.LinkDel(byIndex(index)); err != nil {
+	req := c.request(unix.RTM_DELLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(index)
+	req.AddData(msg)
+	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
 		return fmt.Errorf("delete link %d: %w", index, err)
 	}
 	return nil
@@ -190,6 +287,9 @@ func ipNet(p netip.Prefix) *net.IPNet {
 
 // AddAddr adds (or replaces) an address on a link.
 func (c *Conn) AddAddr(index int, p netip.Prefix) error {
+	if err := c.full(); err != nil {
+		return err
+	}
 	if err := c.h.AddrReplace(byIndex(index), &netlink.Addr{IPNet: ipNet(p)}); err != nil {
 		return fmt.Errorf("address %s on link %d: %w", p, index, err)
 	}
@@ -198,6 +298,9 @@ func (c *Conn) AddAddr(index int, p netip.Prefix) error {
 
 // Addrs returns every address of every link, by ifindex.
 func (c *Conn) Addrs() (map[int][]netip.Prefix, error) {
+	if err := c.full(); err != nil {
+		return nil, err
+	}
 	for try := 0; try < dumpRetries; try++ {
 		as, err := c.h.AddrList(nil, unix.AF_UNSPEC)
 		if errors.Is(err, netlink.ErrDumpInterrupted) {
@@ -232,6 +335,9 @@ type Route struct {
 
 // ReplaceRoute adds or replaces a route in the main table.
 func (c *Conn) ReplaceRoute(r Route) error {
+	if err := c.full(); err != nil {
+		return err
+	}
 	nr := &netlink.Route{Dst: ipNet(r.To), LinkIndex: r.Index}
 	if r.Via.IsValid() {
 		nr.Gw = net.IP(r.Via.AsSlice())
@@ -244,6 +350,9 @@ func (c *Conn) ReplaceRoute(r Route) error {
 
 // Routes dumps the main table's unicast routes of both families.
 func (c *Conn) Routes() ([]Route, error) {
+	if err := c.full(); err != nil {
+		return nil, err
+	}
 	for try := 0; try < dumpRetries; try++ {
 		rs, err := c.h.RouteListFiltered(unix.AF_UNSPEC, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 		if errors.Is(err, netlink.ErrDumpInterrupted) {
@@ -279,6 +388,9 @@ func (c *Conn) Routes() ([]Route, error) {
 // NsID returns the id this namespace uses for the namespace open as fd, or
 // -1 when it has none assigned.
 func (c *Conn) NsID(fd int) (int, error) {
+	if err := c.full(); err != nil {
+		return -1, err
+	}
 	id, err := c.h.GetNetNsIdByFd(fd)
 	if err != nil {
 		return -1, fmt.Errorf("get nsid: %w", err)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
 	"github.com/spf13/cobra"
@@ -45,6 +46,9 @@ summary and exits with code 130; the next up carries on.`,
 			defer lock.Unlock()
 			opts := g.options(rd)
 			opts.DryRun, opts.Adopt = dryRun, adopt
+			if marks {
+				opts.Steps = &fleet.StepTimes{}
+			}
 			verb := "up"
 			if dryRun {
 				verb = "plan"
@@ -71,7 +75,7 @@ summary and exits with code 130; the next up carries on.`,
 			}
 			printUpSummary(g.stdout, verb, &sum)
 			if marks {
-				printMarks(g.stdout, &sum)
+				printMarks(g.stdout, &sum, opts.Steps)
 			}
 			if serr := sum.Err(); serr != nil {
 				code := ExitFailed
@@ -114,14 +118,28 @@ func printUpSummary(w io.Writer, verb string, s *fleet.Summary) {
 	}
 }
 
-func printMarks(w io.Writer, s *fleet.Summary) {
+func printMarks(w io.Writer, s *fleet.Summary, steps *fleet.StepTimes) {
 	rates := s.MarkRates()
 	if len(rates) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "%8s %10s %12s\n", "mark", "elapsed", "routers/s")
+	var per []map[string]time.Duration
+	if steps != nil {
+		per = steps.PerMark()
+	}
+	fmt.Fprintf(w, "%8s %10s %10s", "mark", "elapsed", "routers/s")
+	for _, st := range fleet.Steps {
+		fmt.Fprintf(w, " %11s", st+"/us")
+	}
+	fmt.Fprintln(w)
 	for i, r := range rates {
-		fmt.Fprintf(w, "%8d %9.2fs %12.0f\n", (i+1)*s.Mark, s.Marks[i].Seconds(), r)
+		fmt.Fprintf(w, "%8d %9.2fs %10.0f", (i+1)*s.Mark, s.Marks[i].Seconds(), r)
+		for _, st := range fleet.Steps {
+			if i < len(per) {
+				fmt.Fprintf(w, " %11.0f", float64(per[i][st].Nanoseconds())/1e3)
+			}
+		}
+		fmt.Fprintln(w)
 	}
 	if len(rates) > 1 {
 		fmt.Fprintf(w, "last/first mark: %.0f%%\n", 100*rates[len(rates)-1]/rates[0])
