@@ -1,0 +1,127 @@
+package fleet
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/nsfleet/nsfleet/rtnl"
+	"github.com/nsfleet/nsfleet/spec"
+)
+
+// These tests need no root: Diff works on plain data.
+
+func wantNS() *spec.Namespace {
+	return &spec.Namespace{
+		Name:     "bar-1",
+		Loopback: true,
+		Sysctls:  []spec.Sysctl{{Key: "net.ipv4.ip_forward", Value: "1"}},
+		Veths:    []spec.Veth{{Host: "qro-1", Peer: "qri-1", MTU: 1400, Up: true, PeerAddrs: []netip.Prefix{netip.MustParsePrefix("10.0.0.2/30")}}},
+		Routes:   []spec.Route{{To: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr("10.0.0.1")}},
+	}
+}
+
+func matching() *Observed {
+	return &Observed{
+		Links: []rtnl.Link{
+			{Index: 1, Name: "lo", Type: "device", Up: true, Alias: Marker, PeerNsID: -1},
+			{Index: 2, Name: "qri-1", Type: "veth", Up: true, MTU: 1400, PeerIndex: 50, PeerNsID: 0},
+		},
+		Addrs:     map[int][]netip.Prefix{2: {netip.MustParsePrefix("10.0.0.2/30")}},
+		Routes:    []rtnl.Route{{To: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr("10.0.0.1"), Index: 2}},
+		Sysctls:   map[string]string{"net.ipv4.ip_forward": "1"},
+		HostLinks: map[string]rtnl.Link{"qro-1": {Index: 50, Name: "qro-1", Type: "veth", Up: true, MTU: 1400, PeerIndex: 2, PeerNsID: 7}},
+		HostNsID:  7,
+	}
+}
+
+func kinds(fs []Fix) []FixKind {
+	var out []FixKind
+	for _, f := range fs {
+		out = append(out, f.Kind)
+	}
+	return out
+}
+
+func TestDiffMatching(t *testing.T) {
+	fs, err := Diff(wantNS(), matching(), false)
+	if err != nil || len(fs) != 0 {
+		t.Fatalf("Diff = %v, %v; want nothing", fs, err)
+	}
+}
+
+func TestDiffDrift(t *testing.T) {
+	cases := []struct {
+		name   string
+		break_ func(o *Observed)
+		want   FixKind
+	}{
+		{"lo down", func(o *Observed) { o.Links[0].Up = false }, FixLoopback},
+		{"sysctl", func(o *Observed) { o.Sysctls["net.ipv4.ip_forward"] = "0" }, FixSysctl},
+		{"sysctl missing", func(o *Observed) { delete(o.Sysctls, "net.ipv4.ip_forward") }, FixSysctl},
+		{"veth missing", func(o *Observed) { o.Links = o.Links[:1]; delete(o.HostLinks, "qro-1") }, FixVeth},
+		{"peer missing, host end left", func(o *Observed) { o.Links = o.Links[:1] }, FixReplaceVeth},
+		{"mtu", func(o *Observed) { o.Links[1].MTU = 1500 }, FixVethMTU},
+		{"down", func(o *Observed) { h := o.HostLinks["qro-1"]; h.Up = false; o.HostLinks["qro-1"] = h }, FixVethUp},
+		{"address", func(o *Observed) { o.Addrs = nil }, FixPeerAddr},
+		{"route", func(o *Observed) { o.Routes = nil }, FixRoute},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := matching()
+			c.break_(o)
+			fs, err := Diff(wantNS(), o, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(fs) != 1 || fs[0].Kind != c.want {
+				t.Fatalf("Diff = %v (%v), want one fix of kind %v", kinds(fs), fs, c.want)
+			}
+			if fs[0].Reason == "" {
+				t.Error("fix without a reason")
+			}
+		})
+	}
+}
+
+func TestDiffConflict(t *testing.T) {
+	o := matching()
+	// qro-1 belongs to some other namespace: not ours to delete.
+	h := o.HostLinks["qro-1"]
+	h.PeerNsID = 9
+	o.HostLinks["qro-1"] = h
+	_, err := Diff(wantNS(), o, false)
+	var c *Conflict
+	if !errors.As(err, &c) {
+		t.Fatalf("err = %v, want *Conflict", err)
+	}
+	o.HostLinks["qro-1"] = rtnl.Link{Index: 50, Name: "qro-1", Type: "dummy", PeerNsID: -1}
+	if _, err := Diff(wantNS(), o, false); !errors.As(err, &c) {
+		t.Fatalf("dummy in the way: err = %v, want *Conflict", err)
+	}
+}
+
+func TestDiffAdopt(t *testing.T) {
+	o := matching()
+	o.Links[0].Alias = ""
+	if o.Owned() {
+		t.Fatal("owned without marker")
+	}
+	fs, _ := Diff(wantNS(), o, false)
+	if len(fs) != 0 {
+		t.Fatalf("without adopt: %v", fs)
+	}
+	fs, _ = Diff(wantNS(), o, true)
+	if len(fs) != 1 || fs[0].Kind != FixMarker {
+		t.Fatalf("with adopt: %v", kinds(fs))
+	}
+}
+
+func TestSummaryRates(t *testing.T) {
+	s := Summary{Mark: 250, Counts: map[Action]int{Created: 500}, Marks: []time.Duration{time.Second, 3 * time.Second}, Elapsed: 4 * time.Second}
+	r := s.MarkRates()
+	if r[0] != 250 || r[1] != 125 || s.Rate() != 125 {
+		t.Fatalf("rates %v, rate %v", r, s.Rate())
+	}
+}

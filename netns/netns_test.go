@@ -1,0 +1,158 @@
+package netns_test
+
+import (
+	"errors"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/nsfleet/nsfleet/internal/nstest"
+	"github.com/nsfleet/nsfleet/netns"
+	"golang.org/x/sys/unix"
+)
+
+func TestMain(m *testing.M) { nstest.Main(m) }
+
+// TestCreateDoConcurrent runs many Create and Do calls at once and checks
+// that each function ran in the right namespace and that no thread of the
+// process was left in another one.
+func TestCreateDoConcurrent(t *testing.T) {
+	nstest.RequireRoot(t)
+	home, err := netns.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer home.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 400)
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var seen uint64
+			h, err := netns.Create(func(in *netns.NS) error {
+				cur, err := netns.Current()
+				if err != nil {
+					return err
+				}
+				defer cur.Close()
+				seen = cur.Inode()
+				return nil
+			})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer h.Close()
+			if seen != h.Inode() || seen == home.Inode() {
+				errs <- errors.New("Create ran fn outside the new namespace")
+			}
+			for k := 0; k < 3; k++ {
+				err := netns.Do(h, func() error {
+					cur, err := netns.Current()
+					if err != nil {
+						return err
+					}
+					defer cur.Close()
+					if cur.Inode() != h.Inode() {
+						return errors.New("Do ran fn outside the namespace")
+					}
+					return nil
+				})
+				if err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assertThreadsHome(t, home)
+}
+
+func assertThreadsHome(t *testing.T, home *netns.NS) {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		var st unix.Stat_t
+		if err := unix.Stat("/proc/self/task/"+e.Name()+"/ns/net", &st); err != nil {
+			continue // thread exited
+		}
+		if st.Ino != home.Inode() {
+			t.Errorf("thread %s is in net:[%d], not at home", e.Name(), st.Ino)
+		}
+	}
+}
+
+func TestPinOpenUnpin(t *testing.T) {
+	rd := nstest.RunDir(t)
+	if _, err := rd.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := rd.State()
+	if err != nil || !st.IsMountPoint || st.Propagation != "shared" {
+		t.Fatalf("after Setup: %+v %v", st, err)
+	}
+	h, err := netns.Create(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := rd.Pin("a", h); err != nil {
+		t.Fatal(err)
+	}
+	if err := rd.Pin("a", h); !errors.Is(err, netns.ErrExists) {
+		t.Fatalf("second pin: %v, want ErrExists", err)
+	}
+	got, err := rd.Open("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Inode() != h.Inode() {
+		t.Fatal("pin opens another namespace")
+	}
+	got.Close()
+	pins, err := rd.List()
+	if err != nil || len(pins) != 1 || !pins[0].Mounted || pins[0].Inode != h.Inode() || pins[0].Mounts != 1 {
+		t.Fatalf("List = %+v, %v", pins, err)
+	}
+	// A symlink in the run dir is never followed.
+	if err := os.Symlink("/etc/passwd", rd.PinPath("evil")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rd.Open("evil"); !errors.Is(err, netns.ErrSymlink) {
+		t.Fatalf("Open(symlink) = %v, want ErrSymlink", err)
+	}
+	if err := rd.Pin("evil", h); !errors.Is(err, netns.ErrSymlink) {
+		t.Fatalf("Pin(symlink) = %v, want ErrSymlink", err)
+	}
+	os.Remove(rd.PinPath("evil"))
+	if err := rd.Unpin("a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(rd.PinPath("a")); !os.IsNotExist(err) {
+		t.Fatalf("pin file still there: %v", err)
+	}
+	if err := rd.Unpin("a"); err != nil {
+		t.Fatalf("unpin of a missing pin: %v", err)
+	}
+}
+
+func TestOpenRunDirRefusesSymlink(t *testing.T) {
+	dir := t.TempDir()
+	os.Mkdir(dir+"/real", 0o755)
+	os.Symlink(dir+"/real", dir+"/link")
+	if _, err := netns.OpenRunDir(dir+"/link", false); !errors.Is(err, netns.ErrSymlink) {
+		t.Fatalf("err = %v, want ErrSymlink", err)
+	}
+	os.WriteFile(dir+"/file", nil, 0o644)
+	if _, err := netns.OpenRunDir(dir+"/file", false); err == nil {
+		t.Fatal("accepted a file as run dir")
+	}
+}
