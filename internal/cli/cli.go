@@ -80,7 +80,7 @@ type usageError struct{ error }
 
 func isUsage(err error) bool {
 	var u usageError
-	return errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown ") || strings.Contains(err.Error(), "flag")
+	return errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command")
 }
 
 func newRoot(g *globals) *cobra.Command {
@@ -121,6 +121,7 @@ iproute2's: 'ip netns list', 'ip -n NAME' and 'ip netns exec' see them.`,
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log each step")
 	pf.BoolVar(&g.waitLock, "wait-lock", false, "wait for another nsfleet on the same run dir instead of failing")
 	root.AddCommand(newUp(g), newDown(g), newLs(g))
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	return root
 }
 

@@ -1,0 +1,239 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nsfleet/nsfleet/internal/nstest"
+	"github.com/nsfleet/nsfleet/netns"
+)
+
+// The test binary doubles as nsfleet: with NSFLEET_CLI_CHILD=1 it runs the
+// command line from its arguments, so tests can kill it like a real process.
+func TestMain(m *testing.M) {
+	if os.Getenv("NSFLEET_CLI_CHILD") == "1" {
+		os.Exit(Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	}
+	nstest.Main(m)
+}
+
+func run(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := Run(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func child(args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "NSFLEET_CLI_CHILD=1")
+	return cmd
+}
+
+func writeSpec(t *testing.T, p string, count int) string {
+	t.Helper()
+	y := fmt.Sprintf(`namespaces:
+  - name: "%[1]sbar-{i}"
+    count: %[2]d
+    sysctls:
+      net.ipv4.ip_forward: "1"
+    veths:
+      - host: "%[1]so{i}"
+        peer: "qri-{i}"
+      - host: "%[1]sg{i}"
+        peer: "qgi-{i}"
+`, p, count)
+	path := filepath.Join(t.TempDir(), "spec.yaml")
+	if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestHelpTeaches(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"up", "--help"}, {"down", "--help"}, {"ls", "--help"}} {
+		code, out, _ := run(args...)
+		if code != 0 || !strings.Contains(out, "Examples:") {
+			t.Errorf("%v: code %d, output without examples:\n%s", args, code, out)
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	cases := [][]string{{"up"}, {"down"}, {"down", "-f", "x", "--prefix", "y"}, {"ls", "-o", "xml"}, {"frobnicate"}}
+	for _, args := range cases {
+		if code, _, errs := run(args...); code != ExitUsage || errs == "" {
+			t.Errorf("%v: code %d (want %d), stderr %q", args, code, ExitUsage, errs)
+		}
+	}
+}
+
+func TestBadSpecNamesLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(path, []byte("namespaces:\n  - name: \"a{i}\"\n    count: 2\n    veths: [{host: \"waytoolonginterfacename{i}\", peer: p}]\n"), 0o644)
+	code, _, errs := run("--run-dir", t.TempDir(), "up", "-f", path)
+	if code != ExitFailed || !strings.Contains(errs, path+":4:") || !strings.Contains(errs, "index 1") {
+		t.Fatalf("code %d, stderr %q", code, errs)
+	}
+}
+
+// TestInteropWithIproute2 works in the real /run/netns (under a unique
+// prefix) so that ip(8) sees nsfleet's namespaces and nsfleet sees ip's.
+func TestInteropWithIproute2(t *testing.T) {
+	nstest.RequireRoot(t)
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip(8) not installed")
+	}
+	p := nstest.Prefix(t)
+	spec := writeSpec(t, p, 3)
+	t.Cleanup(func() {
+		exec.Command("ip", "netns", "del", p+"bar-9").Run()
+		run("down", "--prefix", p, "--adopt")
+		nstest.DeleteHostLinks(t, p)
+	})
+	if code, out, errs := run("up", "-f", spec); code != 0 {
+		t.Fatalf("up: %d %s %s", code, out, errs)
+	}
+	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), p+"bar-2") {
+		t.Fatalf("ip netns list: %v\n%s", err, out)
+	}
+	out, err = exec.Command("ip", "-n", p+"bar-2", "-o", "link", "show").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "qri-2@") || !strings.Contains(string(out), "alias nsfleet") {
+		t.Fatalf("ip -n link: %v\n%s", err, out)
+	}
+	out, err = exec.Command("ip", "netns", "exec", p+"bar-2", "cat", "/proc/sys/net/ipv4/ip_forward").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "1" {
+		t.Fatalf("ip netns exec: %v\n%s", err, out)
+	}
+	// ip's own namespace is seen as foreign and left alone.
+	if out, err := exec.Command("ip", "netns", "add", p+"bar-9").CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v %s", err, out)
+	}
+	code, out2, _ := run("ls", "--prefix", p)
+	if code != 0 || !strings.Contains(out2, p+"bar-9") || !strings.Contains(out2, "foreign") {
+		t.Fatalf("ls: %d\n%s", code, out2)
+	}
+	code, out2, _ = run("down", "--prefix", p)
+	if code != ExitFailed || !strings.Contains(out2, "3 deleted, 1 skipped") {
+		t.Fatalf("down: %d\n%s", code, out2)
+	}
+	// ip netns del works on what nsfleet made, too.
+	run("up", "-f", spec)
+	if out, err := exec.Command("ip", "netns", "del", p+"bar-1").CombinedOutput(); err != nil {
+		t.Fatalf("ip netns del: %v %s", err, out)
+	}
+	if out, err := exec.Command("ip", "netns", "del", p+"bar-9").CombinedOutput(); err != nil {
+		t.Fatalf("ip netns del: %v %s", err, out)
+	}
+	run("down", "--prefix", p)
+}
+
+// TestSigkillConverges kills up and down at random moments; the next up
+// must converge with no stale pin, no stray mount and no orphan host veth.
+func TestSigkillConverges(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	const count = 150
+	spec := writeSpec(t, p, count)
+	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 1))
+	for round := 0; round < 6; round++ {
+		verb := "up"
+		if round%3 == 2 {
+			verb = "down"
+		}
+		cmd := child("--run-dir", rd.Path, verb, "-f", spec, "--progress", "none")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(10+rng.IntN(250)) * time.Millisecond)
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+	}
+	code, out, errs := run("--run-dir", rd.Path, "up", "-f", spec, "--progress", "none")
+	if code != 0 {
+		t.Fatalf("up after kills: %d\n%s\n%s", code, out, errs)
+	}
+	pins, err := rd.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pins) != count {
+		t.Fatalf("%d pins, want %d", len(pins), count)
+	}
+	for _, pi := range pins {
+		if !pi.Mounted || pi.Mounts != 1 {
+			t.Errorf("pin %+v: want exactly one namespace mount", pi)
+		}
+	}
+	// Orphans would show as extra host veths with the prefix.
+	if got := nstest.HostLinks(t, p); len(got) != 2*count {
+		t.Fatalf("%d host veths, want %d", len(got), 2*count)
+	}
+	if code, out, _ := run("--run-dir", rd.Path, "ls", "-f", spec); code != 0 {
+		t.Fatalf("ls after converge: %d\n%s", code, out)
+	}
+	if code, out, errs := run("--run-dir", rd.Path, "down", "-f", spec); code != 0 {
+		t.Fatalf("down: %d\n%s\n%s", code, out, errs)
+	}
+	if got := nstest.HostLinks(t, p); len(got) != 0 {
+		t.Fatalf("host veths left after down: %v", got)
+	}
+}
+
+// TestSigintSummarises: SIGINT stops up cleanly, prints the summary and
+// exits 130; what was made is complete and the next up finishes the job.
+func TestSigintSummarises(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	spec := writeSpec(t, p, 2000)
+	cmd := child("--run-dir", rd.Path, "up", "-f", spec, "--progress", "none")
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != ExitInterrupted {
+		t.Fatalf("exit: %v, want code %d; output:\n%s", err, ExitInterrupted, out.String())
+	}
+	if !strings.Contains(out.String(), "up (interrupted):") {
+		t.Fatalf("no summary:\n%s", out.String())
+	}
+	pins, _ := rd.List()
+	for _, pi := range pins {
+		if !pi.Mounted {
+			t.Errorf("stale pin after SIGINT: %+v", pi)
+		}
+	}
+	if code, o, e := run("--run-dir", rd.Path, "down", "-f", spec); code != 0 {
+		t.Fatalf("down: %d %s %s", code, o, e)
+	}
+}
+
+func TestSecondRunRefusedWhileLocked(t *testing.T) {
+	rd := nstest.RunDir(t)
+	l, err := rd.Lock(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock()
+	p := nstest.Prefix(t)
+	code, _, errs := run("--run-dir", rd.Path, "up", "-f", writeSpec(t, p, 1))
+	if code != ExitFailed || !strings.Contains(errs, netns.ErrLocked.Error()) || !strings.Contains(errs, fmt.Sprint(os.Getpid())) {
+		t.Fatalf("code %d, stderr %q", code, errs)
+	}
+}
