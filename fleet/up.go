@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
@@ -35,6 +36,20 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 	snap, err := hostSnapshot(f)
 	if err != nil {
 		return Summary{}, fmt.Errorf("up: %w", err)
+	}
+	if dyingPeers(f, pins, snap) {
+		// A host name we must create is held by a veth whose other end is
+		// in some other namespace: typically one that a killed nsfleet
+		// left unpinned, which the kernel has not freed yet (freeing is
+		// asynchronous). Wait for the kernel's pending cleanup, then look
+		// again; what is still there is a real conflict.
+		log.Debug("waiting for the kernel to finish freeing namespaces")
+		if err := waitFreed(ctx, 10*time.Second); err != nil {
+			log.Debug("wait for freeing", "err", err)
+		}
+		if snap, err = hostSnapshot(f); err != nil {
+			return Summary{}, fmt.Errorf("up: %w", err)
+		}
 	}
 
 	t := newTally(len(f.Namespaces), opts.Mark, opts.OnResult)
@@ -83,6 +98,34 @@ func pinMap(rd *netns.RunDir) (map[string]*netns.PinInfo, error) {
 		m[list[i].Name] = &list[i]
 	}
 	return m, nil
+}
+
+// dyingPeers reports whether a namespace to be created has a host name held
+// by a veth paired into another namespace.
+func dyingPeers(f *spec.Fleet, pins map[string]*netns.PinInfo, snap *snapshot) bool {
+	for i := range f.Namespaces {
+		ns := &f.Namespaces[i]
+		if p := pins[ns.Name]; p != nil && p.Mounted {
+			continue
+		}
+		for _, v := range ns.Veths {
+			if l, ok := snap.links[v.Host]; ok && l.Type == "veth" && l.PeerNsID >= 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func waitFreed(ctx context.Context, timeout time.Duration) error {
+	host, err := rtnl.Open()
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return freeBarrier(ctx, host)
 }
 
 // snapshot is the host side as it was when the run started. Workers only

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -26,8 +27,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dumpRetries bounds the retries of an interrupted dump.
-const dumpRetries = 8
+// dumpRetries bounds the retries of an interrupted dump; between tries the
+// wait doubles from 1 ms up to 32 ms, so a burst of changes (another tool
+// creating links) can pass. About half a second in all.
+const dumpRetries = 20
+
+// backoff sleeps before retry number try (0-based) of an interrupted dump.
+func backoff(try int) {
+	time.Sleep(time.Millisecond << min(try, 5))
+}
 
 // ErrDumpInterrupted is returned when every retry of a dump was interrupted.
 var ErrDumpInterrupted = errors.New("netlink dump interrupted repeatedly by concurrent changes")
@@ -166,6 +174,7 @@ func (c *Conn) Links() ([]Link, error) {
 	for try := 0; try < dumpRetries; try++ {
 		ls, err := c.h.LinkList()
 		if errors.Is(err, netlink.ErrDumpInterrupted) {
+			backoff(try)
 			continue
 		}
 		if err != nil {
@@ -304,6 +313,7 @@ func (c *Conn) Addrs() (map[int][]netip.Prefix, error) {
 	for try := 0; try < dumpRetries; try++ {
 		as, err := c.h.AddrList(nil, unix.AF_UNSPEC)
 		if errors.Is(err, netlink.ErrDumpInterrupted) {
+			backoff(try)
 			continue
 		}
 		if err != nil {
@@ -356,6 +366,7 @@ func (c *Conn) Routes() ([]Route, error) {
 	for try := 0; try < dumpRetries; try++ {
 		rs, err := c.h.RouteListFiltered(unix.AF_UNSPEC, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 		if errors.Is(err, netlink.ErrDumpInterrupted) {
+			backoff(try)
 			continue
 		}
 		if err != nil {

@@ -200,6 +200,8 @@ func Diff(before, after Snapshot) []string {
 	return out
 }
 
+// listDiff reports what b has that a had not. Removals are not reported:
+// other test binaries run in parallel and remove their own objects.
 func listDiff(a, b []string) string {
 	count := map[string]int{}
 	for _, x := range a {
@@ -208,21 +210,17 @@ func listDiff(a, b []string) string {
 	for _, x := range b {
 		count[x]++
 	}
-	var added, removed []string
+	var added []string
 	for k, n := range count {
 		for ; n > 0; n-- {
 			added = append(added, k)
 		}
-		for ; n < 0; n++ {
-			removed = append(removed, k)
-		}
 	}
-	if len(added) == 0 && len(removed) == 0 {
+	if len(added) == 0 {
 		return ""
 	}
 	sort.Strings(added)
-	sort.Strings(removed)
-	return fmt.Sprintf("added %v, removed %v", trim(added), trim(removed))
+	return fmt.Sprintf("added %v", trim(added))
 }
 
 func trim(s []string) []string {
