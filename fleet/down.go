@@ -63,6 +63,9 @@ type DownReport struct {
 	StaleRemove int      // pin files without a namespace, removed
 }
 
+// unpinners is how many goroutines unpin at once (see Down).
+const unpinners = 16
+
 type target struct {
 	name  string
 	veths map[int]string // host-side veths paired into it
@@ -101,7 +104,8 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 
 	t := newTally(len(pins), opts.Mark, opts.OnResult)
 	var rep DownReport
-	// Phase 1: check ownership and note each namespace's host veths.
+	// First check every namespace (nsfleet's own, unless Adopt) and note its
+	// host veths: cheap, since the host is asked about each lo by nsid.
 	targets := make([]*target, len(pins))
 	var stale atomic.Int64
 	parallel(ctx, opts.workers(len(pins)), len(pins), func(c *rtnl.Conn, i int) {
@@ -119,6 +123,10 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 		case !p.Mounted:
 			// A pin file with no namespace: what a crash between create and
 			// mount leaves. Removing it is what `ip netns del` would do.
+			if opts.DryRun {
+				t.add(Result{Name: p.Name, Action: "would delete"})
+				return
+			}
 			if err := rd.Unpin(p.Name); err != nil {
 				fail(Failed, err)
 				return
@@ -127,56 +135,43 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 			t.add(Result{Name: p.Name, Action: Deleted, Fixes: []string{"removed pin file with no namespace"}})
 			return
 		}
-		h, err := rd.Open(p.Name)
+		tg, err := check(rd, c, p.Name, byNsID, opts.Adopt)
 		if err != nil {
-			fail(Failed, err)
-			return
-		}
-		defer h.Close()
-		owned, err := isOwned(h)
-		if err != nil {
-			fail(Failed, err)
-			return
-		}
-		if !owned && !opts.Adopt {
-			fail(Skipped, ErrForeign)
-			return
-		}
-		tg := &target{name: p.Name}
-		if c != nil {
-			if id, err := c.NsID(h.Fd()); err == nil && id >= 0 {
-				tg.veths = byNsID[id]
+			if errors.Is(err, ErrForeign) {
+				fail(Skipped, err)
+			} else {
+				fail(Failed, err)
 			}
+			return
+		}
+		if opts.DryRun {
+			t.add(Result{Name: p.Name, Action: "would delete"})
+			return
 		}
 		targets[i] = tg
 	})
-	rep.StaleRemove = int(stale.Load())
-
-	// Phase 2: unpin them all, as fast as the kernel takes it.
+	// Then unpin them all at once. Each unmount waits for an expedited RCU
+	// grace period (namespace_unlock); waiters that overlap share one, so
+	// many unpinners, mostly asleep, finish far sooner than a few.
 	var live []*target
 	for _, tg := range targets {
 		if tg != nil {
 			live = append(live, tg)
 		}
 	}
-	if !opts.DryRun {
-		parallel(ctx, opts.workers(len(live)), len(live), func(_ *rtnl.Conn, i int) {
-			tg := live[i]
-			if err := rd.Unpin(tg.name); err != nil {
-				t.add(Result{Name: tg.name, Action: Failed, Err: &Error{Op: "down", Namespace: tg.name, Err: err}})
-				live[i] = nil
-				return
-			}
-			t.add(Result{Name: tg.name, Action: Deleted})
-		})
-	} else {
-		for _, tg := range live {
-			t.add(Result{Name: tg.name, Action: "would delete"})
+	parallel(ctx, min(unpinners, len(live)), len(live), func(_ *rtnl.Conn, i int) {
+		tg := live[i]
+		if err := rd.Unpin(tg.name); err != nil {
+			t.add(Result{Name: tg.name, Action: Failed, Err: &Error{Op: "down", Namespace: tg.name, Err: err}})
+			live[i] = nil
+			return
 		}
-	}
+		t.add(Result{Name: tg.name, Action: Deleted})
+	})
+	rep.StaleRemove = int(stale.Load())
 	rep.Unpinned = time.Since(t.start)
 
-	// Phase 3: wait for the kernel.
+	// Then wait for the kernel.
 	if dopts.Wait && !opts.DryRun && ctx.Err() == nil {
 		timeout := dopts.Timeout
 		if timeout <= 0 {
@@ -245,6 +240,45 @@ func parallel(ctx context.Context, w, n int, fn func(c *rtnl.Conn, i int)) {
 	wg.Wait()
 }
 
+// check opens a pinned namespace, makes sure it is nsfleet's (or adopt),
+// and returns it with its host veths. It asks the host about the
+// namespace's lo by nsid when it has one, so it need not enter it.
+func check(rd *netns.RunDir, c *rtnl.Conn, name string, byNsID map[int]map[int]string, adopt bool) (*target, error) {
+	h, err := rd.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	tg := &target{name: name}
+	id := -1
+	if c != nil {
+		if id, err = c.NsID(h.Fd()); err != nil {
+			id = -1
+		}
+	}
+	if id >= 0 {
+		tg.veths = byNsID[id]
+	}
+	if adopt {
+		return tg, nil
+	}
+	owned, asked := false, false
+	if c != nil && id >= 0 {
+		if lo, err := c.LinkInNamespace(id, rtnl.LoopbackIndex); err == nil {
+			owned, asked = lo.Alias == Marker, true
+		}
+	}
+	if !asked {
+		if owned, err = isOwned(h); err != nil {
+			return nil, err
+		}
+	}
+	if !owned {
+		return nil, ErrForeign
+	}
+	return tg, nil
+}
+
 // isOwned reports whether the namespace's lo carries the Marker.
 func isOwned(h *netns.NS) (bool, error) {
 	var owned bool
@@ -268,7 +302,9 @@ func isOwned(h *netns.NS) (bool, error) {
 // is left. On timeout it returns those still there.
 func waitLinksGone(ctx context.Context, host *rtnl.Conn, veths map[int]string) (map[int]string, error) {
 	left := veths
-	for delay := time.Millisecond; ; delay = min(delay*2, 50*time.Millisecond) {
+	// Each poll is a dump of every host link: with tens of thousands of
+	// links it costs CPU that the kernel's cleanup needs, so poll gently.
+	for delay := 2 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
 		if len(left) == 0 {
 			return nil, nil
 		}
