@@ -47,6 +47,10 @@ func Open() (*Procfs, error) {
 	return p, nil
 }
 
+// Fd returns the procfs root descriptor, valid until the next NextNamespace
+// or Close; paths under it look like "sys/net/ipv4/ip_forward".
+func (p *Procfs) Fd() int { return p.fd }
+
 // Private reports whether the instance is private (false: shared /proc).
 func (p *Procfs) Private() bool { return p.private }
 

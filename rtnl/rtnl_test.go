@@ -1,0 +1,96 @@
+package rtnl_test
+
+import (
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/nsfleet/nsfleet/internal/nstest"
+	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/rtnl"
+)
+
+func TestMain(m *testing.M) { nstest.Main(m) }
+
+func TestVethPeerInPlace(t *testing.T) {
+	nstest.RequireRoot(t)
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	host, err := rtnl.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	var peer rtnl.Link
+	var addrs map[int][]netip.Prefix
+	h, err := netns.Create(func(in *netns.NS) error {
+		if err := host.AddVeth(rtnl.VethPair{Host: p + "h", Peer: "p0", MTU: 1300, PeerNsFd: in.Fd()}); err != nil {
+			return err
+		}
+		c, err := rtnl.Open()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := c.SetLoopback(true, "mark"); err != nil {
+			return err
+		}
+		if peer, err = c.LinkByName("p0"); err != nil {
+			return err
+		}
+		if err := c.AddAddr(peer.Index, netip.MustParsePrefix("198.18.0.2/31")); err != nil {
+			return err
+		}
+		addrs, err = c.Addrs()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	hl, err := host.LinkByName(p + "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hl.Type != "veth" || hl.MTU != 1300 || peer.MTU != 1300 || hl.PeerIndex != peer.Index || peer.PeerIndex != hl.Index {
+		t.Fatalf("pair not linked: host %+v peer %+v", hl, peer)
+	}
+	if len(addrs[peer.Index]) != 1 {
+		t.Fatalf("addresses %v", addrs)
+	}
+	// One queue per end, as asked (the kernel's default is one per CPU).
+	ents, err := os.ReadDir("/sys/class/net/" + p + "h/queues")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != 2 { // rx-0 and tx-0
+		t.Fatalf("queues: %v", ents)
+	}
+	// The host can read the namespace's lo by nsid without entering it.
+	id, err := host.NsID(h.Fd())
+	if err != nil || id < 0 {
+		t.Fatalf("nsid %d, %v", id, err)
+	}
+	lo, err := host.LinkInNamespace(id, rtnl.LoopbackIndex)
+	if err != nil || lo.Alias != "mark" || !lo.Up {
+		t.Fatalf("lo by nsid: %+v, %v", lo, err)
+	}
+	// A duplicate pair is refused whole, and the error names both ends.
+	err = host.AddVeth(rtnl.VethPair{Host: p + "h", Peer: "p1", PeerNsFd: h.Fd()})
+	if err == nil || !strings.Contains(err.Error(), p+"h/p1") {
+		t.Fatalf("duplicate: %v", err)
+	}
+}
+
+func TestLiteConnRefusesDumps(t *testing.T) {
+	nstest.RequireRoot(t)
+	c, err := rtnl.OpenLite()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Links(); err != rtnl.ErrLite {
+		t.Fatalf("Links on a lite conn: %v", err)
+	}
+}
