@@ -150,6 +150,19 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 		}
 		targets[i] = tg
 	})
+	// The sentinels that will prove the kernel finished are made now, so
+	// that releasing them right after the last unpin costs nothing.
+	var sents []*sentinel
+	if dopts.Wait && !opts.DryRun {
+		for k := 0; k < 2; k++ {
+			sn, err := newSentinel(host, k)
+			if err != nil {
+				return DownReport{}, fmt.Errorf("down: %w", err)
+			}
+			defer sn.release()
+			sents = append(sents, sn)
+		}
+	}
 	// Then unpin them all at once. Each unmount waits for an expedited RCU
 	// grace period (namespace_unlock); waiters that overlap share one, so
 	// many unpinners, mostly asleep, finish far sooner than a few.
@@ -193,21 +206,44 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 		}
 		rep.HostVeths = len(veths)
 		rep.Waited = true
-		left, err := waitLinksGone(wctx, host, veths)
-		rep.LinksGone = time.Since(t.start)
-		if err != nil {
+		// Watch our veths go, and meanwhile run the sentinel barrier.
+		type polled struct {
+			left map[int]string
+			err  error
+			at   time.Duration
+		}
+		pc := make(chan polled, 1)
+		go func() {
+			c, err := rtnl.Open()
+			if err != nil {
+				pc <- polled{left: veths, err: err}
+				return
+			}
+			defer c.Close()
+			left, err := waitLinksGone(wctx, c, veths)
+			pc <- polled{left, err, time.Since(t.start)}
+		}()
+		berr := freeBarrier(wctx, host, sents)
+		freedAt := time.Since(t.start)
+		pr := <-pc
+		rep.LinksGone = pr.at
+		switch {
+		case pr.err != nil:
 			seen := map[string]bool{}
-			for idx, name := range left {
+			for idx, name := range pr.left {
 				if !seen[owner[idx]] {
 					seen[owner[idx]] = true
 					rep.Pending = append(rep.Pending, fmt.Sprintf("%s (host veth %s still present: a process or mount still holds the namespace)", owner[idx], name))
 				}
 			}
+			if len(rep.Pending) == 0 {
+				rep.Pending = append(rep.Pending, fmt.Sprintf("could not watch the host veths: %v", pr.err))
+			}
 			sort.Strings(rep.Pending)
-		} else if err := freeBarrier(wctx, host); err != nil {
-			rep.Pending = append(rep.Pending, fmt.Sprintf("kernel cleanup not finished: %v", err))
-		} else {
-			rep.Freed = time.Since(t.start)
+		case berr != nil:
+			rep.Pending = append(rep.Pending, fmt.Sprintf("kernel cleanup not finished: %v", berr))
+		default:
+			rep.Freed = max(freedAt, pr.at)
 		}
 	}
 	rep.Summary = t.finish(ctx.Err() != nil)
@@ -330,33 +366,48 @@ func waitLinksGone(ctx context.Context, host *rtnl.Conn, veths map[int]string) (
 	}
 }
 
+// sentinel is a throwaway namespace with a veth whose host end shows when
+// the kernel has cleaned the namespace up.
+type sentinel struct {
+	ns    *netns.NS
+	name  string
+	index int
+}
+
+func newSentinel(host *rtnl.Conn, k int) (*sentinel, error) {
+	name := fmt.Sprintf("nsfb%d-%d", os.Getpid()%10000000, k)
+	h, err := netns.Create(func(inside *netns.NS) error {
+		return host.AddVeth(rtnl.VethPair{Host: name, Peer: "p", PeerNsFd: inside.Fd()})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sentinel: %w", err)
+	}
+	l, err := host.LinkByName(name)
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("sentinel: %w", err)
+	}
+	return &sentinel{ns: h, name: name, index: l.Index}, nil
+}
+
+// release drops the sentinel's last reference: it is queued for cleanup.
+func (s *sentinel) release() { s.ns.Close() }
+
 // freeBarrier returns once the kernel has freed every network namespace
-// released before the call. Namespaces are freed by cleanup_net, which runs
-// on an ordered (single-threaded) workqueue and takes all queued namespaces
-// as one batch: devices are unregistered, then, after an RCU barrier, the
-// namespaces are freed. A sentinel namespace with a veth released now is
+// released before it was called. Namespaces are freed by cleanup_net, which
+// runs on an ordered (single-threaded) workqueue and takes all queued
+// namespaces as one batch: devices are unregistered, then, after an RCU
+// barrier, the namespaces are freed. The first sentinel, released now, is
 // cleaned up in the current batch or a later one; once its host veth is
-// gone, every earlier batch is complete. A second sentinel, released after
-// that, proves the first one's batch (which may hold ours) ran to the end.
-func freeBarrier(ctx context.Context, host *rtnl.Conn) error {
-	for round := 0; round < 2; round++ {
-		name := fmt.Sprintf("nsfb%d-%d", os.Getpid()%10000000, round)
-		h, err := netns.Create(func(inside *netns.NS) error {
-			return host.AddVeth(rtnl.VethPair{Host: name, Peer: "p", PeerNsFd: inside.Fd()})
-		})
-		if err != nil {
-			return fmt.Errorf("sentinel: %w", err)
-		}
-		l, err := host.LinkByName(name)
-		if err != nil {
-			h.Close()
-			return fmt.Errorf("sentinel: %w", err)
-		}
-		idx := l.Index
-		h.Close() // the sentinel's last reference: it is queued for cleanup now
-		if _, err := waitLinksGone(ctx, host, map[int]string{idx: name}); err != nil {
+// gone, every earlier batch is complete and the current one has unregistered
+// its devices. The second, released after that, proves the first one's batch
+// (which may hold ours) ran to the end.
+func freeBarrier(ctx context.Context, host *rtnl.Conn, sents []*sentinel) error {
+	for _, s := range sents {
+		s.release()
+		if _, err := waitLinksGone(ctx, host, map[int]string{s.index: s.name}); err != nil {
 			if errors.Is(err, context.DeadlineExceeded) {
-				return fmt.Errorf("sentinel %s not cleaned up in time", name)
+				return fmt.Errorf("sentinel %s not cleaned up in time", s.name)
 			}
 			return err
 		}

@@ -125,7 +125,16 @@ func waitFreed(ctx context.Context, timeout time.Duration) error {
 	defer host.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return freeBarrier(ctx, host)
+	var sents []*sentinel
+	for k := 0; k < 2; k++ {
+		s, err := newSentinel(host, k)
+		if err != nil {
+			return err
+		}
+		defer s.release()
+		sents = append(sents, s)
+	}
+	return freeBarrier(ctx, host, sents)
 }
 
 // snapshot is the host side as it was when the run started. Workers only

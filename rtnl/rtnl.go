@@ -68,8 +68,9 @@ func Open() (*Conn, error) {
 	return c, nil
 }
 
-// OpenLite opens a Conn that can only do the raw writes: SetLoopback,
-// AddVeth, SetUp, SetAlias, SetMTU and DeleteLink. It costs one socket.
+// OpenLite opens a Conn that can do link operations (lookups, dumps,
+// SetLoopback, AddVeth, SetUp, SetAlias, SetMTU, DeleteLink) but not
+// addresses, routes or NsID. It costs one socket.
 func OpenLite() (*Conn, error) {
 	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_ROUTE)
 	if err != nil {
@@ -151,89 +152,48 @@ type Link struct {
 	PeerNsID  int
 }
 
-func fromNetlink(l netlink.Link) Link {
-	a := l.Attrs()
-	out := Link{
-		Index:     a.Index,
-		Name:      a.Name,
-		Type:      l.Type(),
-		Up:        a.Flags&net.FlagUp != 0,
-		MTU:       a.MTU,
-		Alias:     a.Alias,
-		PeerIndex: a.ParentIndex,
-		PeerNsID:  a.NetNsID,
-	}
-	return out
-}
-
-// Links dumps every link.
+// Links dumps every link (statistics left out). Works on a lite Conn.
 func (c *Conn) Links() ([]Link, error) {
-	if err := c.full(); err != nil {
-		return nil, err
+	ls, err := c.getLinks(0, "", -1)
+	if err != nil {
+		return nil, fmt.Errorf("dump links: %w", err)
 	}
-	for try := 0; try < dumpRetries; try++ {
-		ls, err := c.h.LinkList()
-		if errors.Is(err, netlink.ErrDumpInterrupted) {
-			backoff(try)
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("dump links: %w", err)
-		}
-		out := make([]Link, len(ls))
-		for i, l := range ls {
-			out[i] = fromNetlink(l)
-		}
-		return out, nil
-	}
-	return nil, fmt.Errorf("dump links: %w", ErrDumpInterrupted)
+	return ls, nil
 }
 
-// LinkByName looks one link up.
+// LinkByName looks one link up. Works on a lite Conn.
 func (c *Conn) LinkByName(name string) (Link, error) {
-	if err := c.full(); err != nil {
-		return Link{}, err
-	}
-	l, err := c.h.LinkByName(name)
-	if err != nil {
-		return Link{}, fmt.Errorf("link %s: %w", name, err)
-	}
-	return fromNetlink(l), nil
+	return c.oneLink(0, name, -1)
 }
 
-// LinkByIndex looks one link up by ifindex.
+// LinkByIndex looks one link up by ifindex. Works on a lite Conn.
 func (c *Conn) LinkByIndex(index int) (Link, error) {
-	if err := c.full(); err != nil {
-		return Link{}, err
+	return c.oneLink(index, "", -1)
+}
+
+func (c *Conn) oneLink(index int, name string, nsid int) (Link, error) {
+	what := name
+	if what == "" {
+		what = fmt.Sprint(index)
 	}
-	l, err := c.h.LinkByIndex(index)
+	if nsid >= 0 {
+		what += fmt.Sprintf(" in nsid %d", nsid)
+	}
+	ls, err := c.getLinks(index, name, nsid)
 	if err != nil {
-		return Link{}, fmt.Errorf("link %d: %w", index, err)
+		return Link{}, fmt.Errorf("link %s: %w", what, err)
 	}
-	return fromNetlink(l), nil
+	if len(ls) != 1 {
+		return Link{}, fmt.Errorf("link %s: %d replies", what, len(ls))
+	}
+	return ls[0], nil
 }
 
 // LinkInNamespace looks up a link of another namespace, named by the id
 // this namespace uses for it (see NsID), without entering it
 // (IFLA_TARGET_NETNSID, Linux 4.20). Works on a lite Conn.
 func (c *Conn) LinkInNamespace(nsid, index int) (Link, error) {
-	req := c.request(unix.RTM_GETLINK, unix.NLM_F_ACK)
-	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
-	msg.Index = int32(index)
-	req.AddData(msg)
-	req.AddData(nl.NewRtAttr(unix.IFLA_TARGET_NETNSID, nl.Uint32Attr(uint32(nsid))))
-	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
-	if err != nil {
-		return Link{}, fmt.Errorf("link %d in nsid %d: %w", index, nsid, err)
-	}
-	if len(msgs) != 1 {
-		return Link{}, fmt.Errorf("link %d in nsid %d: %d replies", index, nsid, len(msgs))
-	}
-	l, err := netlink.LinkDeserialize(nil, msgs[0])
-	if err != nil {
-		return Link{}, fmt.Errorf("link %d in nsid %d: %w", index, nsid, err)
-	}
-	return fromNetlink(l), nil
+	return c.oneLink(index, "", nsid)
 }
 
 func byIndex(i int) netlink.Link { return &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: i}} }

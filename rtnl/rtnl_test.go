@@ -83,14 +83,32 @@ func TestVethPeerInPlace(t *testing.T) {
 	}
 }
 
-func TestLiteConnRefusesDumps(t *testing.T) {
+func TestLiteConn(t *testing.T) {
 	nstest.RequireRoot(t)
 	c, err := rtnl.OpenLite()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Links(); err != rtnl.ErrLite {
-		t.Fatalf("Links on a lite conn: %v", err)
+	if _, err := c.Addrs(); err != rtnl.ErrLite {
+		t.Fatalf("Addrs on a lite conn: %v", err)
 	}
+	if ls, err := c.Links(); err != nil || len(ls) == 0 {
+		t.Fatalf("Links on a lite conn: %v, %v", ls, err)
+	}
+}
+
+func FuzzParseLink(f *testing.F) {
+	// A real RTM_NEWLINK payload for lo, as the kernel sends it.
+	f.Add([]byte{0, 0, 4, 3, 1, 0, 0, 0, 73, 0, 1, 0, 0, 0, 0, 0,
+		7, 0, 3, 0, 'l', 'o', 0, 0, 8, 0, 4, 0, 0, 0, 1, 0,
+		12, 0, 18, 0, 8, 0, 1, 0, 'v', 'e', 't', 'h'})
+	f.Add([]byte{})
+	f.Add(make([]byte, 16))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		l, err := rtnl.ParseLinkForTest(b)
+		if err == nil && l.Name == "" {
+			t.Fatal("accepted a link without a name")
+		}
+	})
 }

@@ -1,0 +1,4 @@
+package rtnl
+
+// ParseLinkForTest exposes parseLink to the fuzz target.
+var ParseLinkForTest = parseLink
