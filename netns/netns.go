@@ -15,7 +15,9 @@
 // started in. Only if that switch succeeds is the thread unlocked and handed
 // back to the runtime; otherwise the goroutine exits still locked, and the
 // runtime destroys the thread. A thread left in a foreign namespace can thus
-// never run other goroutines.
+// never run other goroutines. (Inside a user namespace, switching back to
+// a namespace owned by the parent user namespace always fails: each call
+// then costs one thread, see ThreadsDiscarded.)
 //
 // The function passed to Create or Do runs on that one thread: it may make
 // system calls that act on "the current namespace" (open a netlink socket,
@@ -39,6 +41,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -118,9 +121,13 @@ func Current() (*NS, error) {
 	return OpenPath("/proc/thread-self/ns/net")
 }
 
-// ErrThreadLost means a thread could not be switched back to its namespace;
-// the runtime destroyed it. The work function itself ran.
-var ErrThreadLost = errors.New("could not switch thread back to its namespace; thread discarded")
+// discarded counts threads that could not be switched back.
+var discarded atomic.Int64
+
+// ThreadsDiscarded reports how many OS threads were given up because they
+// could not be switched back to their namespace. They cost a new thread
+// each, nothing else: the work ran, and no goroutine ever runs on them again.
+func ThreadsDiscarded() int64 { return discarded.Load() }
 
 // Create makes a new network namespace and runs fn inside it on a locked
 // thread (see the threading contract above). It returns a handle on the new
@@ -158,9 +165,12 @@ func Create(fn func(inside *NS) error) (*NS, error) {
 		}
 		if serr := unix.Setns(orig.fd, unix.CLONE_NEWNET); serr != nil {
 			// Leave the thread locked: the goroutine exits and the
-			// runtime destroys the thread with it.
-			inside.Close()
-			r.err = fmt.Errorf("%w: setns: %v", ErrThreadLost, serr)
+			// runtime destroys the thread with it. The namespace itself
+			// is fine. (This is the normal case inside a user namespace,
+			// which may make network namespaces but not re-enter the
+			// host's.)
+			discarded.Add(1)
+			r.ns, r.err = inside, err
 			return
 		}
 		runtime.UnlockOSThread()
@@ -213,7 +223,7 @@ func Do(ns *NS, fn func() error) error {
 		}
 		err = fn()
 		if serr := unix.Setns(orig.fd, unix.CLONE_NEWNET); serr != nil {
-			err = errors.Join(err, fmt.Errorf("%w: setns: %v", ErrThreadLost, serr))
+			discarded.Add(1)
 			return // still locked: the thread dies with this goroutine
 		}
 		runtime.UnlockOSThread()

@@ -20,8 +20,29 @@ import (
 // The test binary doubles as nsfleet: with NSFLEET_CLI_CHILD=1 it runs the
 // command line from its arguments, so tests can kill it like a real process.
 func TestMain(m *testing.M) {
-	if os.Getenv("NSFLEET_CLI_CHILD") == "1" {
+	switch os.Getenv("NSFLEET_CLI_CHILD") {
+	case "1":
 		os.Exit(Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	case "script":
+		// Set a namespace limit (we are root of our own user namespace),
+		// then run several command lines, separated by "--next".
+		if lim := os.Getenv("NSFLEET_CHILD_NETNS_LIMIT"); lim != "" {
+			if err := os.WriteFile("/proc/sys/user/max_net_namespaces", []byte(lim), 0); err != nil {
+				fmt.Println("set limit:", err)
+				os.Exit(3)
+			}
+		}
+		var args []string
+		for _, a := range append(os.Args[1:], "--next") {
+			if a != "--next" {
+				args = append(args, a)
+				continue
+			}
+			code := Run(context.Background(), args, os.Stdout, os.Stdout)
+			fmt.Printf("exit %d\n", code)
+			args = nil
+		}
+		os.Exit(0)
 	}
 	nstest.Main(m)
 }
@@ -221,6 +242,59 @@ func TestSigintSummarises(t *testing.T) {
 	}
 	if code, o, e := run("--run-dir", rd.Path, "down", "-f", spec); code != 0 {
 		t.Fatalf("down: %d %s %s", code, o, e)
+	}
+}
+
+// TestLimitENOSPC lowers user.max_net_namespaces inside a user namespace of
+// its own (the host's limit is not touched) and checks that hitting it gives
+// a clear error naming the limit, while what was made stays consistent.
+func TestLimitENOSPC(t *testing.T) {
+	nstest.RequireRoot(t)
+	dir := t.TempDir()
+	specA := filepath.Join(dir, "a.yaml")
+	specB := filepath.Join(dir, "b.yaml")
+	os.WriteFile(specA, []byte("namespaces:\n  - name: \"a{i}\"\n    count: 3\n"), 0o644)
+	os.WriteFile(specB, []byte("namespaces:\n  - name: \"b{i}\"\n    count: 4\n"), 0o644)
+	rdir := filepath.Join(dir, "netns")
+	cmd := exec.Command(os.Args[0],
+		"--run-dir", rdir, "up", "-f", specA, "--progress", "none", "--next",
+		"--run-dir", rdir, "up", "-f", specB, "--progress", "none", "--next",
+		"--run-dir", rdir, "ls")
+	cmd.Env = append(os.Environ(), "NSFLEET_CLI_CHILD=script", "NSFLEET_CHILD_NETNS_LIMIT=5")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot run in a user namespace here: %v\n%s", err, out)
+	}
+	o := string(out)
+	for _, want := range []string{
+		"up: 3 created", "exit 0",
+		"up: 2 created, 0 repaired, 0 unchanged, 2 failed", "network namespace limit reached (user.max_net_namespaces is 5", "exit 1",
+		"5 namespaces: 5 ok",
+	} {
+		if !strings.Contains(o, want) {
+			t.Errorf("output lacks %q:\n%s", want, o)
+		}
+	}
+}
+
+// TestFewFDs: up and down work with 32 file descriptors, so nothing keeps
+// a descriptor per namespace.
+func TestFewFDs(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	spec := writeSpec(t, p, 300)
+	for _, verb := range []string{"up", "down"} {
+		cmd := exec.Command("bash", "-c", `ulimit -n 32 && exec "$0" "$@"`, os.Args[0], "--run-dir", rd.Path, verb, "-f", spec, "--progress", "none")
+		cmd.Env = append(os.Environ(), "NSFLEET_CLI_CHILD=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s with 32 fds: %v\n%s", verb, err, out)
+		}
 	}
 }
 
