@@ -172,8 +172,18 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 			live = append(live, tg)
 		}
 	}
+	var unpinned atomic.Int64
+	var progMu sync.Mutex
+	progress := func(phase string, done, total int) {
+		if opts.OnProgress != nil {
+			progMu.Lock()
+			opts.OnProgress(phase, done, total)
+			progMu.Unlock()
+		}
+	}
 	parallel(ctx, min(unpinners, len(live)), len(live), func(_ *rtnl.Conn, i int) {
 		tg := live[i]
+		defer func() { progress("delete", int(unpinned.Add(1)), len(live)) }()
 		if err := rd.Unpin(tg.name); err != nil {
 			t.add(Result{Name: tg.name, Action: Failed, Err: &Error{Op: "down", Namespace: tg.name, Err: err}})
 			live[i] = nil
@@ -212,6 +222,7 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 			err  error
 			at   time.Duration
 		}
+		progress("wait", 0, len(veths))
 		pc := make(chan polled, 1)
 		go func() {
 			c, err := rtnl.Open()
@@ -220,7 +231,7 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 				return
 			}
 			defer c.Close()
-			left, err := waitLinksGone(wctx, c, veths)
+			left, err := waitLinksGone(wctx, c, veths, func(n int) { progress("wait", len(veths)-n, len(veths)) })
 			pc <- polled{left, err, time.Since(t.start)}
 		}()
 		berr := freeBarrier(wctx, host, sents)
@@ -336,7 +347,7 @@ func isOwned(h *netns.NS) (bool, error) {
 
 // waitLinksGone polls the host's links until none of veths (ifindex -> name)
 // is left. On timeout it returns those still there.
-func waitLinksGone(ctx context.Context, host *rtnl.Conn, veths map[int]string) (map[int]string, error) {
+func waitLinksGone(ctx context.Context, host *rtnl.Conn, veths map[int]string, onPoll func(left int)) (map[int]string, error) {
 	left := veths
 	// Each poll is a dump of every host link: with tens of thousands of
 	// links it costs CPU that the kernel's cleanup needs, so poll gently.
@@ -355,6 +366,9 @@ func waitLinksGone(ctx context.Context, host *rtnl.Conn, veths map[int]string) (
 			}
 		}
 		left = now
+		if onPoll != nil {
+			onPoll(len(left))
+		}
 		if len(left) == 0 {
 			return nil, nil
 		}
@@ -405,7 +419,7 @@ func (s *sentinel) release() { s.ns.Close() }
 func freeBarrier(ctx context.Context, host *rtnl.Conn, sents []*sentinel) error {
 	for _, s := range sents {
 		s.release()
-		if _, err := waitLinksGone(ctx, host, map[int]string{s.index: s.name}); err != nil {
+		if _, err := waitLinksGone(ctx, host, map[int]string{s.index: s.name}, nil); err != nil {
 			if errors.Is(err, context.DeadlineExceeded) {
 				return fmt.Errorf("sentinel %s not cleaned up in time", s.name)
 			}

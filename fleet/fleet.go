@@ -42,6 +42,10 @@ type Options struct {
 	DryRun  bool         // Up: plan only
 	Mark    int          // throughput mark interval; 0: DefaultMark
 	Log     *slog.Logger // step-level log; nil: discard
+	// OnProgress, if set, is told how far a long phase has come (Down:
+	// "delete" per namespace, "wait" per host veth gone). It is called
+	// from one goroutine at a time.
+	OnProgress func(phase string, done, total int)
 	// Steps, if set, receives the time of each creation step (Up only).
 	Steps *StepTimes
 	// OnResult, if set, is called once per namespace as it is finished,

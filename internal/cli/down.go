@@ -51,13 +51,38 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			defer lock.Unlock()
 			opts := g.options(rd)
 			opts.Adopt, opts.DryRun = adopt, dryRun
-			prog := newProgress(g.stderr, "down", 0, progressMode)
+			var prog *progress
+			waiting := false
+			opts.OnProgress = func(ph string, done, total int) {
+				switch {
+				case ph == "delete":
+					if prog == nil {
+						prog = newProgress(g.stderr, "down: unpin", total, progressMode)
+					}
+					prog.set(done, total)
+				case !waiting && progressMode != "none":
+					// The kernel unregisters a whole batch of devices
+					// under one lock, so there is nothing finer to show.
+					waiting = true
+					if prog != nil {
+						prog.finish()
+					}
+					fmt.Fprintf(g.stderr, "down: waiting for the kernel to free them (%d host veths left)\n", total-done)
+				}
+			}
 			opts.OnResult = func(r fleet.Result) {
 				if r.Err != nil {
-					prog.printAbove(r.Err.Error())
+					if prog != nil {
+						prog.printAbove(r.Err.Error())
+					} else {
+						fmt.Fprintln(g.stderr, r.Err)
+					}
 				}
 			}
 			rep, err := fleet.Down(cmd.Context(), sel, opts, fleet.DownOptions{Wait: !noWait, Timeout: timeout})
+			if prog != nil {
+				prog.finish()
+			}
 			if err != nil {
 				return err
 			}

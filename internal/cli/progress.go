@@ -55,11 +55,27 @@ func newProgress(w io.Writer, verb string, total int, mode string) *progress {
 	return p
 }
 
-func (p *progress) add() {
-	p.done++
+// set moves the progress to done out of total (total may grow from 0).
+func (p *progress) set(done, total int) {
+	if total != p.total && p.bar != nil {
+		p.bar.ChangeMax(total)
+	}
+	p.total = total
+	p.add(done - p.done)
+}
+
+func (p *progress) add(n ...int) {
+	step := 1
+	if len(n) > 0 {
+		step = n[0]
+	}
+	if step <= 0 {
+		return
+	}
+	p.done += step
 	switch {
 	case p.bar != nil:
-		p.bar.Add(1)
+		p.bar.Add(step)
 	case p.plain && time.Since(p.lastLine) >= plainEvery && p.done < p.total:
 		p.lastLine = time.Now()
 		el := time.Since(p.start).Seconds()
