@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,13 +76,18 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 				ns := &f.Namespaces[i]
 				r := w.up(ns, pins[ns.Name])
 				if r.Err != nil {
-					log.Debug("failed", "namespace", ns.Name, "err", r.Err)
+					log.Debug(string(r.Action), "namespace", ns.Name, "err", r.Err)
+				} else {
+					log.Debug(string(r.Action), "namespace", ns.Name, "steps", strings.Join(r.Fixes, "; "))
 				}
 				t.add(r)
 			}
 		}()
 	}
 	wg.Wait()
+	if n := netns.ThreadsDiscarded(); n > 0 {
+		log.Debug("threads discarded after namespace work (normal inside a user namespace)", "count", n)
+	}
 	if err := errors.Join(setupErrs...); err != nil && t.done == 0 {
 		return t.finish(false), fmt.Errorf("up: %w", err)
 	}
@@ -224,7 +230,7 @@ func (w *worker) up(ns *spec.Namespace, pin *netns.PinInfo) Result {
 	if err := w.create(ns); err != nil {
 		return fail(err)
 	}
-	return Result{Name: ns.Name, Action: Created}
+	return Result{Name: ns.Name, Action: Created, Fixes: describeCreate(ns)}
 }
 
 func describeCreate(ns *spec.Namespace) []string {
