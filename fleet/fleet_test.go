@@ -19,21 +19,11 @@ import (
 
 func TestMain(m *testing.M) { nstest.Main(m) }
 
-// routers returns a fake-router spec: count namespaces with lo up,
-// ip_forward=1 and two veth pairs, all named under prefix p.
+// routers returns a fake-router spec (see nstest.FakeRouters) with extra
+// YAML appended to its template.
 func routers(t *testing.T, p string, count int, extra string) *spec.Fleet {
 	t.Helper()
-	y := fmt.Sprintf(`namespaces:
-  - name: "%[1]sbar-{i}"
-    count: %[2]d
-    sysctls:
-      net.ipv4.ip_forward: "1"
-    veths:
-      - host: "%[1]so{i}"
-        peer: "qri-{i}"
-      - host: "%[1]sg{i}"
-        peer: "qgi-{i}"
-%[3]s`, p, count, extra)
+	y := nstest.FakeRouters(p, count) + extra
 	f, err := spec.Parse("test.yaml", []byte(y), spec.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -61,17 +61,7 @@ func child(args ...string) *exec.Cmd {
 
 func writeSpec(t *testing.T, p string, count int) string {
 	t.Helper()
-	y := fmt.Sprintf(`namespaces:
-  - name: "%[1]sbar-{i}"
-    count: %[2]d
-    sysctls:
-      net.ipv4.ip_forward: "1"
-    veths:
-      - host: "%[1]so{i}"
-        peer: "qri-{i}"
-      - host: "%[1]sg{i}"
-        peer: "qgi-{i}"
-`, p, count)
+	y := nstest.FakeRouters(p, count)
 	path := filepath.Join(t.TempDir(), "spec.yaml")
 	if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
 		t.Fatal(err)

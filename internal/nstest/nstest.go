@@ -39,6 +39,23 @@ func Prefix(t testing.TB) string {
 	return fmt.Sprintf("t%d%c-", os.Getpid()%10000, 'a'+rune(n%26))
 }
 
+// FakeRouters returns the YAML of a fake-router fleet (the 2014 Neutron
+// workload: lo up, ip_forward=1, two veth pairs) of count namespaces named
+// PREFIXbar-N, with host veths PREFIXoN and PREFIXgN.
+func FakeRouters(prefix string, count int) string {
+	return fmt.Sprintf(`namespaces:
+  - name: "%[1]sbar-{i}"
+    count: %[2]d
+    sysctls:
+      net.ipv4.ip_forward: "1"
+    veths:
+      - host: "%[1]so{i}"
+        peer: "qri-{i}"
+      - host: "%[1]sg{i}"
+        peer: "qgi-{i}"
+`, prefix, count)
+}
+
 // RunDir makes a temporary run dir that is removed, with every pin and
 // mount in it, when the test ends.
 func RunDir(t testing.TB) *netns.RunDir {
