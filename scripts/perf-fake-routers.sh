@@ -2,7 +2,7 @@
 # Reproduces the numbers in docs/PERFORMANCE.md for the fake-router workload:
 # the original ip(8) script (baseline) and nsfleet, in the same run.
 #
-#   sudo scripts/perf-fake-routers.sh [NSFLEET_COUNT] [IP_COUNT] [RSS_COUNT]
+#   scripts/perf-fake-routers.sh [NSFLEET_COUNT] [IP_COUNT] [RSS_COUNT]
 #
 # Defaults: 5000 routers with nsfleet, 200 with the ip script (it runs at
 # ~25 routers/s), and no RSS run (give e.g. 20000 to measure peak RSS).
