@@ -16,6 +16,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/fleet"
 	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/proc"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/spf13/cobra"
 )
@@ -34,7 +35,12 @@ type exitError struct {
 	err  error
 }
 
-func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
 func (e *exitError) Unwrap() error { return e.err }
 
 type globals struct {
@@ -51,6 +57,9 @@ type globals struct {
 // process exit code. SIGINT and SIGTERM cancel ctx's work: running commands
 // stop starting new work, finish what is in flight, and print their summary.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == proc.HelperArg {
+		proc.HelperMain(args[1:]) // does not return
+	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	g := &globals{stdout: stdout, stderr: stderr}
@@ -62,9 +71,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return ExitOK
 	}
-	fmt.Fprintln(stderr, "nsfleet:", err)
 	var ee *exitError
-	if errors.As(err, &ee) {
+	if errors.As(err, &ee) && ee.err == nil {
+		return ee.code // the code says it all (exec passes the command's on)
+	}
+	fmt.Fprintln(stderr, "nsfleet:", err)
+	if ee != nil {
 		return ee.code
 	}
 	if ctx.Err() != nil {
@@ -120,7 +132,7 @@ iproute2's: 'ip netns list', 'ip -n NAME' and 'ip netns exec' see them.`,
 	pf.IntVarP(&g.workers, "workers", "w", 0, "parallel workers (0: one per CPU, which measures fastest)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log each step")
 	pf.BoolVar(&g.waitLock, "wait-lock", false, "wait for another nsfleet on the same run dir instead of failing")
-	root.AddCommand(newUp(g), newDown(g), newLs(g))
+	root.AddCommand(newUp(g), newDown(g), newLs(g), newExec(g))
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	return root
 }
