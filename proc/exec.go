@@ -45,12 +45,12 @@ const HelperArg = "__nsfleet-mountns-helper"
 // Options tune Start. The zero value runs the command with nsfleet's own
 // stdio and environment, in the network namespace only.
 type Options struct {
-	MountNS bool   // also a new mount namespace, as `ip netns exec` gives
-	Name    string // the namespace's name, for /sys and /etc/netns (MountNS)
+	MountNS bool      // also a new mount namespace, as `ip netns exec` gives
+	Name    string    // the namespace's name, for /sys and /etc/netns (MountNS)
 	Stdin   io.Reader // nil: nsfleet's stdin
 	Stdout  io.Writer // nil: nsfleet's stdout
 	Stderr  io.Writer // nil: nsfleet's stderr
-	Env     []string // nil: nsfleet's environment
+	Env     []string  // nil: nsfleet's environment
 	// Setpgid puts the command in a process group of its own (supervised
 	// daemons: a signal to the group reaches their children too).
 	Setpgid bool
