@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	_ "github.com/nsfleet/nsfleet/internal/fastexec" // exec NAME -- CMD before the Go runtime starts
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/proc"
 	"github.com/nsfleet/nsfleet/spec"

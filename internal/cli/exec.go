@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"sort"
 	"strings"
@@ -26,10 +27,11 @@ func newExec(g *globals) *cobra.Command {
 		Use:   "exec [--mount-ns] NAME -- CMD [ARGS...] | exec --all (-f SPEC | --prefix P) -- CMD [ARGS...]",
 		Short: "Run a command inside a namespace (or all of them) without the mount-namespace tax",
 		Long: `exec runs CMD inside the network namespace NAME. By default it only enters
-the network namespace (fork, setns, exec): no mount namespace is made, so its
-cost does not grow with the number of namespaces, unlike 'ip netns exec'.
-Stdin, stdout and stderr pass through, signals sent to nsfleet are passed on
-to CMD, and the exit code is CMD's own (128+N if signal N ended it).
+the network namespace and execs CMD in place (setns, then execve: CMD takes
+over nsfleet's process, before the Go runtime even starts): no mount
+namespace is made, so its cost does not grow with the number of namespaces,
+unlike 'ip netns exec'. Stdin, stdout and stderr pass through, signals reach
+CMD directly, and the exit code is CMD's own.
 
 --mount-ns gives CMD exactly what 'ip netns exec' gives: a new mount
 namespace, a /sys that shows the namespace's devices, and the files of
@@ -92,35 +94,44 @@ name, and ends with a summary of exit codes.`,
 	return cmd
 }
 
-// forwarded are the signals exec passes on to the command.
+// forwarded are the signals exec passes on to a --mount-ns command.
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH}
 
+// execOne runs argv in the namespace called name. Without --mount-ns it
+// enters the namespace and execs argv in place (as the fastexec
+// constructor does before the Go runtime starts, when it can): argv takes
+// over nsfleet's process, so its exit status and the signals it gets are
+// its own. With --mount-ns, the helper process is started and waited for,
+// and signals sent to nsfleet are passed on.
 func execOne(g *globals, rd *netns.RunDir, name string, argv []string, mountNS bool) (int, error) {
 	h, err := rd.Open(name)
 	if err != nil {
 		return 0, fmt.Errorf("exec: %s: %w", name, err)
 	}
-	c, err := proc.Command(argv, proc.Options{MountNS: mountNS, Name: name})
+	defer h.Close()
+	if !mountNS {
+		path, err := exec.LookPath(argv[0])
+		if err != nil {
+			return 0, fmt.Errorf("exec: %s: %w", name, err)
+		}
+		err = netns.Do(h, func() error { return syscall.Exec(path, argv, os.Environ()) })
+		return 0, fmt.Errorf("exec: %s: %s: %w", name, argv[0], err)
+	}
+	c, err := proc.Command(argv, proc.Options{MountNS: true, Name: name})
 	if err != nil {
-		h.Close()
 		return 0, fmt.Errorf("exec: %s: %w", name, err)
 	}
+	c.Stdout, c.Stderr = g.stdout, g.stderr
 	if f, ok := g.stdout.(*os.File); ok {
 		c.Stdout = f
-	} else {
-		c.Stdout = g.stdout
 	}
 	if f, ok := g.stderr.(*os.File); ok {
 		c.Stderr = f
-	} else {
-		c.Stderr = g.stderr
 	}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
-	err = proc.Start(h, c)
-	h.Close()
-	if err != nil {
+	if err := proc.Start(h, c); err != nil {
 		return 0, fmt.Errorf("exec: %s: %w", name, err)
 	}
 	done := make(chan struct{})

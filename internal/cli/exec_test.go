@@ -28,6 +28,17 @@ func fleetOf(t *testing.T, runDir, p string, count int) string {
 }
 
 func TestExecPassesThrough(t *testing.T) {
+	for _, path := range []string{"fastexec", "go"} {
+		t.Run(path, func(t *testing.T) {
+			if path == "go" {
+				t.Setenv("NSFLEET_NO_FASTEXEC", "1")
+			}
+			testExecPassesThrough(t)
+		})
+	}
+}
+
+func testExecPassesThrough(t *testing.T) {
 	rd := nstest.RunDir(t)
 	p := nstest.Prefix(t)
 	fleetOf(t, rd.Path, p, 1)
@@ -62,6 +73,11 @@ func TestExecPassesThrough(t *testing.T) {
 			t.Errorf("fd %s of nsfleet leaked into the command (fds %s)", fd, lines[2])
 		}
 	}
+	// A command that does not exist: a clear error, not a hang or a crash.
+	code, _, errs := run("--run-dir", rd.Path, "exec", name, "--", "no-such-command-"+p)
+	if code != ExitFailed || !strings.Contains(errs, "executable file not found") {
+		t.Errorf("missing command: code %d, %q", code, errs)
+	}
 	// No mount namespace was made.
 	cmd = child("--run-dir", rd.Path, "exec", name, "--", "readlink", "/proc/self/ns/mnt")
 	out, err = cmd.Output()
@@ -91,7 +107,18 @@ func inheritedFDs(t *testing.T) map[string]bool {
 	return out
 }
 
-func TestExecForwardsSignals(t *testing.T) {
+func TestExecSignals(t *testing.T) {
+	for _, path := range []string{"fastexec", "go"} {
+		t.Run(path, func(t *testing.T) {
+			if path == "go" {
+				t.Setenv("NSFLEET_NO_FASTEXEC", "1")
+			}
+			testExecSignals(t)
+		})
+	}
+}
+
+func testExecSignals(t *testing.T) {
 	rd := nstest.RunDir(t)
 	p := nstest.Prefix(t)
 	fleetOf(t, rd.Path, p, 1)
@@ -104,8 +131,11 @@ func TestExecForwardsSignals(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGTERM)
 	err := cmd.Wait()
 	ee, ok := err.(*exec.ExitError)
-	if !ok || ee.ExitCode() != 128+int(syscall.SIGTERM) {
-		t.Fatalf("exit %v, want %d", err, 128+int(syscall.SIGTERM))
+	if !ok {
+		t.Fatalf("exit %v, want death by SIGTERM", err)
+	}
+	if ws := ee.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Fatalf("exit %v, want death by SIGTERM", err)
 	}
 	if time.Since(start) > 5*time.Second {
 		t.Fatal("the command did not get the signal")
@@ -141,6 +171,17 @@ func TestExecAll(t *testing.T) {
 // the real /run/netns: the same /sys/class/net, the same /etc/netns binds,
 // the same exit codes.
 func TestExecMountNSMatchesIproute2(t *testing.T) {
+	for _, path := range []string{"fastexec", "go"} {
+		t.Run(path, func(t *testing.T) {
+			if path == "go" {
+				t.Setenv("NSFLEET_NO_FASTEXEC", "1")
+			}
+			testExecMountNS(t)
+		})
+	}
+}
+
+func testExecMountNS(t *testing.T) {
 	nstest.RequireRoot(t)
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("ip(8) not installed")
