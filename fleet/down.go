@@ -77,6 +77,7 @@ type target struct {
 // one (each would wait for an RCU grace period). With Wait it returns when
 // the kernel has finished, or reports what is pending at the timeout.
 func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (DownReport, error) {
+	opts = opts.withDefaults()
 	rd := opts.RunDir
 	all, err := rd.List()
 	if err != nil {
@@ -148,6 +149,11 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 			t.add(Result{Name: p.Name, Action: "would delete"})
 			return
 		}
+		// Its supervised processes go first: they hold the namespace.
+		if err := opts.store().StopAll(p.Name, opts.grace()); err != nil {
+			fail(Failed, err)
+			return
+		}
 		targets[i] = tg
 	})
 	// The sentinels that will prove the kernel finished are made now, so
@@ -189,6 +195,7 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 			live[i] = nil
 			return
 		}
+		opts.store().Forget(tg.name)
 		t.add(Result{Name: tg.name, Action: Deleted})
 	})
 	rep.StaleRemove = int(stale.Load())

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/proc"
 )
 
 // DefaultWorkers is used when Options.Workers is 0. Namespace creation is
@@ -42,6 +43,11 @@ type Options struct {
 	DryRun  bool         // Up: plan only
 	Mark    int          // throughput mark interval; 0: DefaultMark
 	Log     *slog.Logger // step-level log; nil: discard
+	// Store keeps the records and logs of supervised processes; nil means
+	// proc.StoreFor(RunDir).
+	Store *proc.Store
+	// Grace is how long down waits after SIGTERM before SIGKILL; 0: 10 s.
+	Grace time.Duration
 	// OnProgress, if set, is told how far a long phase has come (Down:
 	// "delete" per namespace, "wait" per host veth gone). It is called
 	// from one goroutine at a time.
@@ -65,6 +71,24 @@ func (o *Options) workers(n int) int {
 		w = 1
 	}
 	return w
+}
+
+// withDefaults fills in the fields whose default depends on others; call
+// it once, before workers share the options.
+func (o Options) withDefaults() Options {
+	if o.Store == nil && o.RunDir != nil {
+		o.Store = proc.StoreFor(o.RunDir)
+	}
+	return o
+}
+
+func (o *Options) store() *proc.Store { return o.Store }
+
+func (o *Options) grace() time.Duration {
+	if o.Grace <= 0 {
+		return 10 * time.Second
+	}
+	return o.Grace
 }
 
 func (o *Options) log() *slog.Logger {

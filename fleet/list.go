@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/proc"
 	"github.com/nsfleet/nsfleet/rtnl"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/nsfleet/nsfleet/sysctl"
@@ -32,6 +33,15 @@ type LinkStatus struct {
 	Host string `json:"host_end,omitempty"` // a veth's end in the host namespace
 }
 
+// ProcStatus is one supervised process as List reports it.
+type ProcStatus struct {
+	Name     string `json:"name"`
+	PID      int    `json:"pid,omitempty"`
+	State    string `json:"state"` // running, exited, stopped, not started
+	Restarts int    `json:"restarts"`
+	Log      string `json:"log,omitempty"`
+}
+
 // Status is one namespace as List reports it.
 type Status struct {
 	Name  string       `json:"name"`
@@ -39,6 +49,7 @@ type Status struct {
 	Inode uint64       `json:"inode,omitempty"`
 	Owned bool         `json:"nsfleet"`
 	Links []LinkStatus `json:"links,omitempty"`
+	Procs []ProcStatus `json:"processes,omitempty"`
 	Drift []string     `json:"drift,omitempty"`
 	Error string       `json:"error,omitempty"`
 }
@@ -47,6 +58,7 @@ type Status struct {
 // namespaces (missing ones included) and each is compared with its spec;
 // otherwise they are the run dir's pins matching sel.
 func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Status, error) {
+	opts = opts.withDefaults()
 	rd := opts.RunDir
 	all, err := rd.List()
 	if err != nil {
@@ -110,11 +122,49 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		if err := inspect(rd, c, snap, hostByIndex, want, st); err != nil {
 			st.State, st.Error = StateError, err.Error()
 		}
+		procStates(opts.Store, want, st)
 	})
 	if ctx.Err() != nil {
 		return out, ctx.Err()
 	}
 	return out, nil
+}
+
+// procStates fills in the namespace's processes: those recorded, and those
+// the spec wants but nobody started (drift).
+func procStates(store *proc.Store, want *spec.Namespace, st *Status) {
+	if store == nil {
+		return
+	}
+	recs, _ := store.Records(st.Name)
+	seen := map[string]bool{}
+	for _, r := range recs {
+		ps := ProcStatus{Name: r.Name, PID: r.PID, State: "running", Restarts: r.Restarts, Log: store.LogPath(st.Name, r.Name)}
+		switch {
+		case r.Stopped:
+			ps.State, ps.PID = "stopped", 0
+		case !proc.Alive(r):
+			ps.State, ps.PID = "exited", 0
+		}
+		seen[r.Name] = true
+		st.Procs = append(st.Procs, ps)
+	}
+	if want == nil {
+		return
+	}
+	for _, p := range want.Processes {
+		if !seen[p.Name] {
+			st.Procs = append(st.Procs, ProcStatus{Name: p.Name, State: "not started"})
+		}
+	}
+	for _, ps := range st.Procs {
+		if ps.State != "running" && st.State == StateOK {
+			st.State = StateDrift
+		}
+		if ps.State != "running" {
+			st.Drift = append(st.Drift, "process "+ps.Name+" "+ps.State)
+		}
+	}
 }
 
 func inspect(rd *netns.RunDir, host *rtnl.Conn, snap *snapshot, hostByIndex map[int]rtnl.Link, want *spec.Namespace, st *Status) error {

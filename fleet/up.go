@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/proc"
 	"github.com/nsfleet/nsfleet/rtnl"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/nsfleet/nsfleet/sysctl"
@@ -21,6 +22,7 @@ import (
 // only when it could not start (run dir, lock); per-namespace failures are
 // in the Summary (see Summary.Err). The caller holds the run dir's Lock.
 func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
+	opts = opts.withDefaults()
 	log := opts.log()
 	rd := opts.RunDir
 	if !opts.DryRun {
@@ -233,6 +235,36 @@ func (w *worker) up(ns *spec.Namespace, pin *netns.PinInfo) Result {
 	return Result{Name: ns.Name, Action: Created, Fixes: describeCreate(ns)}
 }
 
+// startProcesses starts the namespace's processes that are not running.
+// It returns what it started.
+func (w *worker) startProcesses(h *netns.NS, ns *spec.Namespace) ([]string, error) {
+	var started []string
+	store := w.opts.store()
+	for _, p := range ns.Processes {
+		rec, err := store.Load(ns.Name, p.Name)
+		if err != nil {
+			return started, err
+		}
+		if proc.Alive(rec) {
+			continue
+		}
+		if w.opts.DryRun {
+			started = append(started, "start process "+p.Name)
+			continue
+		}
+		restarts := 0
+		if rec != nil {
+			restarts = rec.Restarts
+		}
+		r, _, err := store.Launch(h, ns.Name, p, restarts)
+		if err != nil {
+			return started, err
+		}
+		started = append(started, fmt.Sprintf("started process %s (pid %d)", p.Name, r.PID))
+	}
+	return started, nil
+}
+
 func describeCreate(ns *spec.Namespace) []string {
 	out := []string{"lo " + upDown(ns.Loopback)}
 	for _, v := range ns.Veths {
@@ -243,6 +275,9 @@ func describeCreate(ns *spec.Namespace) []string {
 	}
 	for _, r := range ns.Routes {
 		out = append(out, "route "+r.To.String()+" "+via(r))
+	}
+	for _, p := range ns.Processes {
+		out = append(out, "process "+p.Name)
 	}
 	return out
 }
@@ -298,6 +333,10 @@ func (w *worker) create(ns *spec.Namespace) error {
 	defer h.Close()
 	err = w.rd.Pin(ns.Name, h)
 	sw.lap(StepPin)
+	if err != nil {
+		return err
+	}
+	_, err = w.startProcesses(h, ns)
 	return err
 }
 
@@ -411,6 +450,14 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 	})
 	for _, f := range fixes {
 		res.Fixes = append(res.Fixes, f.Reason)
+	}
+	if err == nil && len(ns.Processes) > 0 {
+		var started []string
+		started, err = w.startProcesses(h, ns)
+		res.Fixes = append(res.Fixes, started...)
+		if len(started) > 0 && len(fixes) == 0 {
+			fixes = append(fixes, Fix{}) // counts as a repair
+		}
 	}
 	switch {
 	case errors.Is(err, ErrForeign):

@@ -45,6 +45,22 @@ type Namespace struct {
 	Sysctls  []Sysctl
 	Veths    []Veth
 	Routes   []Route
+	// Processes are daemons to run inside the namespace (see package proc).
+	Processes []Process
+}
+
+// Restart policies of a Process.
+const (
+	RestartAlways    = "always"
+	RestartOnFailure = "on-failure"
+	RestartNever     = "never"
+)
+
+// Process is a command nsfleet starts inside the namespace and keeps running.
+type Process struct {
+	Name    string   // unique within the namespace; names its log file
+	Command []string // argv, placeholders expanded
+	Restart string   // RestartAlways, RestartOnFailure (default) or RestartNever
 }
 
 // Origin says where a namespace was declared.
@@ -135,13 +151,20 @@ type file struct {
 }
 
 type template struct {
-	Name     string            `yaml:"name"`
-	Count    *int              `yaml:"count"`
-	Start    *int              `yaml:"start"`
-	Loopback string            `yaml:"loopback"`
-	Sysctls  map[string]string `yaml:"sysctls"`
-	Veths    []vethTemplate    `yaml:"veths"`
-	Routes   []routeTemplate   `yaml:"routes"`
+	Name      string            `yaml:"name"`
+	Count     *int              `yaml:"count"`
+	Start     *int              `yaml:"start"`
+	Loopback  string            `yaml:"loopback"`
+	Sysctls   map[string]string `yaml:"sysctls"`
+	Veths     []vethTemplate    `yaml:"veths"`
+	Routes    []routeTemplate   `yaml:"routes"`
+	Processes []processTemplate `yaml:"processes"`
+}
+
+type processTemplate struct {
+	Name    string   `yaml:"name"`
+	Command []string `yaml:"command"`
+	Restart string   `yaml:"restart"`
 }
 
 type vethTemplate struct {
@@ -472,7 +495,56 @@ func expandOne(path string, t template, idx, line int, vethLines, routeLines []i
 		}
 		ns.Routes = append(ns.Routes, r)
 	}
+
+	seenProc := map[string]bool{}
+	for _, pt := range t.Processes {
+		if err := validProcessName(pt.Name); err != nil {
+			return Namespace{}, bad(line, "%v", err)
+		}
+		if seenProc[pt.Name] {
+			return Namespace{}, bad(line, "process %q appears twice", pt.Name)
+		}
+		seenProc[pt.Name] = true
+		if len(pt.Command) == 0 || pt.Command[0] == "" {
+			return Namespace{}, bad(line, "process %q: 'command' must be a non-empty list, like [\"dnsmasq\", \"--no-daemon\"]", pt.Name)
+		}
+		p := Process{Name: pt.Name, Restart: pt.Restart}
+		switch p.Restart {
+		case "":
+			p.Restart = RestartOnFailure
+		case RestartAlways, RestartOnFailure, RestartNever:
+		default:
+			return Namespace{}, bad(line, "process %q: restart %q: want always, on-failure or never", pt.Name, pt.Restart)
+		}
+		for _, a := range pt.Command {
+			e, err := expand(a, env)
+			if err != nil {
+				return Namespace{}, bad(line, "process %q: %v", pt.Name, err)
+			}
+			if strings.ContainsRune(e, 0) {
+				return Namespace{}, bad(line, "process %q: argument contains NUL", pt.Name)
+			}
+			p.Command = append(p.Command, e)
+		}
+		ns.Processes = append(ns.Processes, p)
+	}
 	return ns, nil
+}
+
+func validProcessName(n string) error {
+	if n == "" {
+		return fmt.Errorf("process without a 'name'")
+	}
+	if len(n) > 64 || n == "." || n == ".." {
+		return fmt.Errorf("process name %q: at most 64 bytes, not . or ..", n)
+	}
+	for i := 0; i < len(n); i++ {
+		c := n[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("process name %q: only letters, digits, '-', '_' and '.'", n)
+		}
+	}
+	return nil
 }
 
 func expandPrefixes(in []string, env expandEnv) ([]netip.Prefix, error) {

@@ -192,3 +192,25 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestProcesses(t *testing.T) {
+	y := "namespaces:\n  - name: \"qdhcp-{i}\"\n    count: 2\n    processes:\n      - name: dnsmasq\n        command: [\"dnsmasq\", \"--no-daemon\", \"--conf-file=/etc/qdhcp/{name}.conf\"]\n        restart: always\n      - name: helper\n        command: [sleep, \"100{i}\"]\n"
+	f, err := Parse("p.yaml", []byte(y), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := f.Namespaces[1].Processes
+	if len(ps) != 2 || ps[0].Command[2] != "--conf-file=/etc/qdhcp/qdhcp-2.conf" || ps[0].Restart != RestartAlways || ps[1].Restart != RestartOnFailure || ps[1].Command[1] != "1002" {
+		t.Fatalf("%+v", ps)
+	}
+	for _, bad := range []string{
+		"namespaces:\n  - name: a\n    processes: [{name: x}]\n",
+		"namespaces:\n  - name: a\n    processes: [{name: \"x/y\", command: [true]}]\n",
+		"namespaces:\n  - name: a\n    processes: [{name: x, command: [true], restart: sometimes}]\n",
+		"namespaces:\n  - name: a\n    processes: [{name: x, command: [true]}, {name: x, command: [true]}]\n",
+	} {
+		if _, err := Parse("p.yaml", []byte(bad), Options{}); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+}

@@ -12,7 +12,7 @@ import (
 func newDown(g *globals) *cobra.Command {
 	var file, prefix, progressMode string
 	var noWait, adopt, dryRun bool
-	var timeout time.Duration
+	var timeout, grace time.Duration
 	cmd := &cobra.Command{
 		Use:   "down (-f SPEC | --prefix P)",
 		Short: "Delete a fleet in bulk and wait until the kernel has freed it",
@@ -20,7 +20,8 @@ func newDown(g *globals) *cobra.Command {
 prefix) the fast way: it checks them all, then detaches and removes every
 pin at once, so the kernel frees them in large batches instead of one RCU
 grace period per device. It never deletes veths one by one: a veth goes with
-its namespace.
+its namespace. Supervised processes (see 'nsfleet supervise') are stopped
+first: SIGTERM, then SIGKILL after --grace.
 
 By default down then waits until the kernel has really finished: the
 host-side veths are gone and the namespaces are freed. --timeout bounds the
@@ -50,7 +51,7 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			}
 			defer lock.Unlock()
 			opts := g.options(rd)
-			opts.Adopt, opts.DryRun = adopt, dryRun
+			opts.Adopt, opts.DryRun, opts.Grace = adopt, dryRun, grace
 			var prog *progress
 			waiting := false
 			opts.OnProgress = func(ph string, done, total int) {
@@ -104,6 +105,7 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the pins are removed, without waiting for the kernel")
 	cmd.Flags().DurationVar(&timeout, "timeout", 60*time.Second, "how long to wait for the kernel before reporting what is pending")
 	cmd.Flags().BoolVar(&adopt, "adopt", false, "also delete matching namespaces that nsfleet did not make")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long supervised processes get between SIGTERM and SIGKILL")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be deleted and change nothing")
 	cmd.Flags().StringVar(&progressMode, "progress", "auto", "progress display: auto, bar, plain, none")
 	return cmd

@@ -82,7 +82,15 @@ after '='.`,
 
 func printStatusTable(w io.Writer, st []fleet.Status) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tNSFLEET\tLINKS\tDRIFT")
+	withProcs := false
+	for _, s := range st {
+		withProcs = withProcs || len(s.Procs) > 0
+	}
+	if withProcs {
+		fmt.Fprintln(tw, "NAME\tSTATE\tNSFLEET\tLINKS\tPROCESSES\tDRIFT")
+	} else {
+		fmt.Fprintln(tw, "NAME\tSTATE\tNSFLEET\tLINKS\tDRIFT")
+	}
 	counts := map[fleet.State]int{}
 	for _, s := range st {
 		counts[s.State]++
@@ -109,6 +117,18 @@ func printStatusTable(w io.Writer, st []fleet.Status) {
 		}
 		if s.State == fleet.StateMissing || s.State == fleet.StateStale {
 			owned = "-"
+		}
+		if withProcs {
+			var procs []string
+			for _, p := range s.Procs {
+				if p.State == "running" {
+					procs = append(procs, fmt.Sprintf("%s:%d(restarts %d)", p.Name, p.PID, p.Restarts))
+				} else {
+					procs = append(procs, p.Name+":"+strings.ReplaceAll(p.State, " ", "-"))
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, owned, strings.Join(links, " "), strings.Join(procs, " "), drift)
+			continue
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, owned, strings.Join(links, " "), drift)
 	}

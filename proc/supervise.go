@@ -1,0 +1,243 @@
+package proc
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/spec"
+	"golang.org/x/sys/unix"
+)
+
+// Store keeps what nsfleet intended for each supervised process: a record
+// (PID, start time, namespace, restarts) and a log file, under one
+// directory per run dir. The kernel stays the truth: a record only counts
+// while /proc shows the same PID with the same start time in the same
+// network namespace, so a reused PID is never mistaken for a daemon.
+type Store struct {
+	Dir string
+}
+
+// StoreFor returns the store that belongs to a run dir: beside it, as
+// .nsfleet-<name> (for /run/netns, /run/.nsfleet-netns).
+func StoreFor(rd *netns.RunDir) *Store {
+	return &Store{Dir: filepath.Join(filepath.Dir(rd.Path), ".nsfleet-"+filepath.Base(rd.Path))}
+}
+
+// Record is one supervised process as nsfleet started it.
+type Record struct {
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	PID       int       `json:"pid"`
+	StartTime uint64    `json:"start_time"` // /proc/PID/stat field 22, clock ticks since boot
+	NetNS     uint64    `json:"netns"`      // inode of the namespace it runs in
+	Restarts  int       `json:"restarts"`
+	Started   time.Time `json:"started"`
+	Command   []string  `json:"command"`
+	// Stopped is set by Stop before it signals the process: a supervisor
+	// never restarts a stopped process (up starts it again).
+	Stopped bool `json:"stopped,omitempty"`
+}
+
+func (s *Store) recordPath(ns, name string) string {
+	return filepath.Join(s.Dir, "procs", ns, name+".json")
+}
+
+// LogPath is where the process's stdout and stderr go.
+func (s *Store) LogPath(ns, name string) string {
+	return filepath.Join(s.Dir, "logs", ns, name+".log")
+}
+
+// Load returns the record of one process, or nil if there is none.
+func (s *Store) Load(ns, name string) (*Record, error) {
+	b, err := os.ReadFile(s.recordPath(ns, name))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r Record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("record %s: %w", s.recordPath(ns, name), err)
+	}
+	return &r, nil
+}
+
+// Save writes a record atomically.
+func (s *Store) Save(r *Record) error {
+	p := s.recordPath(r.Namespace, r.Name)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(r, "", "  ")
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
+}
+
+// Records returns the records of one namespace, sorted by process name.
+func (s *Store) Records(ns string) ([]*Record, error) {
+	ents, err := os.ReadDir(filepath.Join(s.Dir, "procs", ns))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []*Record
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		r, err := s.Load(ns, name)
+		if err != nil || r == nil {
+			continue
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// procStart reads a process's start time and state from /proc/PID/stat.
+func procStart(pid int) (start uint64, state byte, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	// The command name may contain spaces and parentheses: fields start
+	// after the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, 0, errors.New("malformed stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, 0, errors.New("malformed stat")
+	}
+	start, err = strconv.ParseUint(f[19], 10, 64)
+	return start, f[0][0], err
+}
+
+// Alive reports whether the record's process is still the one nsfleet
+// started: same PID, same start time, same network namespace, not a zombie.
+func Alive(r *Record) bool {
+	if r == nil || r.PID <= 0 {
+		return false
+	}
+	start, state, err := procStart(r.PID)
+	if err != nil || start != r.StartTime || state == 'Z' || state == 'X' {
+		return false
+	}
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/"+strconv.Itoa(r.PID)+"/ns/net", &st); err != nil {
+		return false
+	}
+	return st.Ino == r.NetNS
+}
+
+// Launch starts p inside ns (pinned as nsName), detached in a session of
+// its own with stdin on /dev/null and stdout and stderr appended to its log
+// file, and saves its record. The caller must reap the returned command
+// (cmd.Wait) if it stays alive long enough to see the process exit.
+func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int) (*Record, *exec.Cmd, error) {
+	logPath := s.LogPath(nsName, p.Name)
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
+		return nil, nil, err
+	}
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer logf.Close()
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer devnull.Close()
+	cmd, err := Command(p.Command, Options{Stdin: devnull, Stdout: logf, Stderr: logf})
+	if err != nil {
+		return nil, nil, fmt.Errorf("process %s: %w", p.Name, err)
+	}
+	// A session of its own: no controlling terminal, and the whole group
+	// can be signalled at once (daemons fork).
+	cmd.SysProcAttr.Setsid = true
+	fmt.Fprintf(logf, "--- nsfleet: starting %s in %s: %s\n", p.Name, nsName, strings.Join(p.Command, " "))
+	if err := Start(ns, cmd); err != nil {
+		return nil, nil, fmt.Errorf("process %s: %w", p.Name, err)
+	}
+	r := &Record{Namespace: nsName, Name: p.Name, PID: cmd.Process.Pid, NetNS: ns.Inode(), Restarts: restarts, Started: time.Now(), Command: p.Command}
+	if r.StartTime, _, err = procStart(r.PID); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, nil, fmt.Errorf("process %s: %w", p.Name, err)
+	}
+	if err := s.Save(r); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, nil, fmt.Errorf("process %s: record: %w", p.Name, err)
+	}
+	return r, cmd, nil
+}
+
+// Stop ends a recorded process: the record is marked stopped first (so a
+// supervisor does not restart it), then its process group gets SIGTERM,
+// then SIGKILL after grace. It returns once the process is gone.
+func (s *Store) Stop(r *Record, grace time.Duration) error {
+	r.Stopped = true
+	if err := s.Save(r); err != nil {
+		return err
+	}
+	if !Alive(r) {
+		return nil
+	}
+	// The process leads its own session and group (Setsid at launch).
+	syscall.Kill(-r.PID, syscall.SIGTERM)
+	deadline := time.Now().Add(grace)
+	for Alive(r) {
+		if time.Now().After(deadline) {
+			syscall.Kill(-r.PID, syscall.SIGKILL)
+			for i := 0; Alive(r) && i < 500; i++ {
+				time.Sleep(10 * time.Millisecond)
+			}
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if Alive(r) {
+		return fmt.Errorf("process %s (pid %d) in %s survived SIGKILL", r.Name, r.PID, r.Namespace)
+	}
+	return nil
+}
+
+// StopAll stops every recorded process of a namespace.
+func (s *Store) StopAll(ns string, grace time.Duration) error {
+	recs, err := s.Records(ns)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range recs {
+		errs = append(errs, s.Stop(r, grace))
+	}
+	return errors.Join(errs...)
+}
+
+// Forget removes the records of a namespace that is gone (its logs stay).
+func (s *Store) Forget(ns string) error {
+	err := os.RemoveAll(filepath.Join(s.Dir, "procs", ns))
+	return err
+}
