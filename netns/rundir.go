@@ -175,6 +175,10 @@ func (d *RunDir) Pin(name string, ns *NS) error {
 		}
 		err = nil
 	} else if err == nil {
+		// Mark the file as nsfleet's, so that doctor --fix may remove it if
+		// a crash leaves it without its mount. Best effort: a filesystem
+		// without trusted xattrs just gets no mark.
+		unix.Fsetxattr(fd, PinMark, []byte("1"), 0)
 		unix.Close(fd)
 	}
 	if err != nil {
@@ -197,6 +201,22 @@ func bindNS(ns *NS, path string) error {
 	}
 	defer unix.Close(tree)
 	return unix.MoveMount(tree, "", unix.AT_FDCWD, path, unix.MOVE_MOUNT_F_EMPTY_PATH)
+}
+
+// PinMark is the extended attribute nsfleet sets on the pin files it
+// creates. It is on the empty file under the mount, so it is visible only
+// when nothing is mounted there: exactly when a stale pin must be told apart.
+const PinMark = "trusted.nsfleet"
+
+// MarkedStale reports whether name is a pin file with nothing mounted on it
+// that carries nsfleet's mark.
+func (d *RunDir) MarkedStale(name string) bool {
+	if d.checkStale(name) != nil {
+		return false
+	}
+	buf := make([]byte, 8)
+	n, err := unix.Lgetxattr(d.PinPath(name), PinMark, buf)
+	return err == nil && n == 1 && buf[0] == '1'
 }
 
 // ErrExists is matched by errors.Is when a pin already holds a namespace.

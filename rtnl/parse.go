@@ -48,6 +48,10 @@ func parseLink(b []byte) (Link, error) {
 			if len(a.val) >= 4 {
 				l.PeerIndex = int(int32(ne.Uint32(a.val)))
 			}
+		case unix.IFLA_MASTER:
+			if len(a.val) >= 4 {
+				l.Master = int(ne.Uint32(a.val))
+			}
 		case unix.IFLA_LINK_NETNSID:
 			if len(a.val) >= 4 {
 				l.PeerNsID = int(int32(ne.Uint32(a.val)))

@@ -150,6 +150,7 @@ type Link struct {
 	// seen from here (-1: same namespace, i.e. no IFLA_LINK_NETNSID).
 	PeerIndex int
 	PeerNsID  int
+	Master    int // ifindex of the bridge or bond it is enslaved to, or 0
 }
 
 // Links dumps every link (statistics left out). Works on a lite Conn.
