@@ -69,8 +69,8 @@ func checkPins(e *Environment) []Finding {
 			}
 		}
 		out = append(out, Finding{Check: CheckPins, Severity: Warn,
-			Summary:  plural(len(stale), "pin file has", "pin files have") + " no namespace mounted on it (stale)",
-			Evidence: []string{list(stale, 8), fmt.Sprintf("%d of them carry nsfleet's mark (%s)", marked, netns.PinMark)},
+			Summary:  plural(len(stale), "stale pin file", "stale pin files") + " (no namespace mounted)",
+			Evidence: []string{list(stale, 8), fmt.Sprintf("%d with nsfleet's mark (%s)", marked, netns.PinMark)},
 			Advice:   "left by a crash between creating the file and mounting on it, or by a failed ip netns add; ip netns list shows them but they hold nothing. nsfleet doctor --fix removes nsfleet's; the next nsfleet up reuses them",
 		})
 	}
@@ -165,7 +165,7 @@ func checkHeadroom(e *Environment) []Finding {
 	var out []Finding
 	live := len(e.NetNS)
 	f := Finding{Check: CheckHeadroom, Severity: OK}
-	f.Summary = fmt.Sprintf("%d network namespaces found alive, limit user.max_net_namespaces %d", live, e.MaxNetNamespaces)
+	f.Summary = fmt.Sprintf("%s found alive, limit user.max_net_namespaces %d", plural(live, "network namespace", "network namespaces"), e.MaxNetNamespaces)
 	pinned, procs := 0, 0
 	var fdOnly []string
 	for ino, h := range e.NetNS {
@@ -216,11 +216,11 @@ func checkSysctl(e *Environment) []Finding {
 	}
 	ratio := float64(shared) / float64(max(private, time.Microsecond))
 	f.Summary = fmt.Sprintf("a lookup under /proc/sys/net takes %v, %.1fx a fresh procfs instance (%v)", shared.Round(time.Microsecond), ratio, private.Round(time.Microsecond))
-	f.Evidence = []string{"timed in a new network namespace: open /proc/sys/net/ipv4/ip_forward"}
+	f.Evidence = []string{"timed in new network namespaces: open /proc/sys/net/ipv4/ip_forward, best of 3"}
 	switch {
 	case shared >= 2*time.Millisecond && ratio >= 10:
 		f.Severity = Warn
-	case ratio >= 5:
+	case shared >= 200*time.Microsecond && ratio >= 5:
 		f.Severity = Info
 	}
 	if f.Severity > OK {
@@ -252,18 +252,24 @@ func timeSysctlLookup() (shared, private time.Duration, err error) {
 		}
 		return d, err
 	}
-	h, err := netns.Create(func(*netns.NS) error {
-		var err error
-		if shared, err = lookup(procFD); err != nil {
+	// The best of three rounds, each in a namespace of its own: one timing
+	// of a few microseconds is mostly noise.
+	shared, private = time.Hour, time.Hour
+	for round := 0; round < 3; round++ {
+		h, err := netns.Create(func(*netns.NS) error {
+			s, err := lookup(procFD)
+			if err != nil {
+				return err
+			}
+			p, err := lookup(proc.Fd())
+			shared, private = min(shared, s), min(private, p)
 			return err
+		})
+		if err != nil {
+			return 0, 0, err
 		}
-		private, err = lookup(proc.Fd())
-		return err
-	})
-	if err != nil {
-		return 0, 0, err
+		h.Close()
 	}
-	h.Close()
 	return shared, private, nil
 }
 
@@ -333,9 +339,10 @@ func checkNeigh(e *Environment) []Finding {
 	f := Finding{Check: CheckNeigh, Severity: OK,
 		Summary: fmt.Sprintf("%d host-side veths into other namespaces; net.ipv4.neigh.default.gc_thresh3 = %d", hostVeths, e.GcThresh3)}
 	if e.GcThresh3 > 0 && need > e.GcThresh3*8/10 {
-		f.Severity = Warn
+		// Links without traffic need no entries yet: a warning, not a failure.
+		f.Severity = Info
 		if need > e.GcThresh3 {
-			f.Severity = Fail
+			f.Severity = Warn
 		}
 		f.Evidence = []string{fmt.Sprintf("a fleet with %d host-side links needs at least one neighbour entry per link", need)}
 		f.Advice = fmt.Sprintf("above gc_thresh3 the kernel refuses new neighbours (\"neighbour table overflow\") and traffic to the newest routers fails; raise gc_thresh1/2/3 (for IPv6 too) above %d", need*2)

@@ -15,6 +15,7 @@ import (
 	"github.com/nsfleet/nsfleet/rtnl"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/nsfleet/nsfleet/sysctl"
+	"golang.org/x/sys/unix"
 )
 
 // Up makes the machine match f: it creates the namespaces that are missing,
@@ -159,6 +160,11 @@ func hostSnapshot(f *spec.Fleet) (*snapshot, error) {
 	}
 	defer c.Close()
 	links, err := c.Links()
+	if rtnl.IsInterrupted(err) {
+		// Links change faster than a dump completes: look up the names
+		// the spec needs one by one, each answer consistent on its own.
+		links, err = linksByName(c, f)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
@@ -178,6 +184,23 @@ func hostSnapshot(f *spec.Fleet) (*snapshot, error) {
 		}
 	}
 	return s, nil
+}
+
+func linksByName(c *rtnl.Conn, f *spec.Fleet) ([]rtnl.Link, error) {
+	var out []rtnl.Link
+	for i := range f.Namespaces {
+		for _, v := range f.Namespaces[i].Veths {
+			l, err := c.LinkByName(v.Host)
+			if errors.Is(err, unix.ENODEV) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, l)
+		}
+	}
+	return out, nil
 }
 
 // worker owns one host netlink socket and one private procfs.

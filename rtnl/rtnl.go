@@ -28,14 +28,19 @@ import (
 )
 
 // dumpRetries bounds the retries of an interrupted dump; between tries the
-// wait doubles from 1 ms up to 32 ms, so a burst of changes (another tool
-// creating links) can pass. About half a second in all.
-const dumpRetries = 20
+// wait doubles from 1 ms up to 128 ms, so that a burst of changes (another
+// tool creating links) can pass. About 4.5 s in all; under changes that
+// never pause, callers fall back to lookups one by one (see IsInterrupted).
+const dumpRetries = 40
 
 // backoff sleeps before retry number try (0-based) of an interrupted dump.
 func backoff(try int) {
-	time.Sleep(time.Millisecond << min(try, 5))
+	time.Sleep(time.Millisecond << min(try, 7))
 }
+
+// IsInterrupted reports whether err means that every retry of a dump was
+// interrupted by concurrent changes.
+func IsInterrupted(err error) bool { return errors.Is(err, ErrDumpInterrupted) }
 
 // ErrDumpInterrupted is returned when every retry of a dump was interrupted.
 var ErrDumpInterrupted = errors.New("netlink dump interrupted repeatedly by concurrent changes")

@@ -1,6 +1,7 @@
 package rtnl_test
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) { nstest.Main(m) }
@@ -111,4 +113,17 @@ func FuzzParseLink(f *testing.F) {
 			t.Fatal("accepted a link without a name")
 		}
 	})
+}
+
+func TestMissingLinkIsENODEV(t *testing.T) {
+	nstest.RequireRoot(t)
+	c, err := rtnl.OpenLite()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.LinkByName("nsf-no-such")
+	if !errors.Is(err, unix.ENODEV) {
+		t.Fatalf("err = %v, want ENODEV", err)
+	}
 }

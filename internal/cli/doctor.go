@@ -105,7 +105,7 @@ func printReport(w io.Writer, r *doctor.Report, verbose bool) {
 		}
 	}
 	for _, fx := range r.Fixed {
-		fmt.Fprintf(w, "FIXED %s\n", fx)
+		fmt.Fprintf(w, "fix:  %s\n", fx)
 	}
 	counts := map[doctor.Severity]int{}
 	for _, f := range r.Findings {
