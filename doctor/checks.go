@@ -103,7 +103,9 @@ func checkPins(e *Environment) []Finding {
 		})
 	}
 	// nsfs mounts whose file was deleted: the namespace can never be freed
-	// through the run dir any more.
+	// through the run dir any more. Since Linux 3.18 the kernel detaches
+	// mounts whose file is unlinked from another mount namespace, so this
+	// is seen on older kernels only.
 	var orphans []string
 	for _, m := range e.Mounts {
 		if m.FSType == "nsfs" && strings.HasSuffix(m.MountPoint, "//deleted") {
