@@ -1,0 +1,296 @@
+package cli
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/nsfleet/nsfleet/bench"
+	"github.com/spf13/cobra"
+)
+
+func newBench(g *globals) *cobra.Command {
+	var o bench.Options
+	var engines, variants, output, db string
+	var noStore bool
+	var benchRunDir string
+	cmd := &cobra.Command{
+		Use:   "bench SCENARIO [flags] | bench list | bench compare A B | bench plot RUN... | bench report RUN...",
+		Short: "The scalability lab: reproduce the source threads' workloads and compare methods",
+		Long: `bench runs one of the source threads' experiments, with competing methods
+("engines") and variants side by side in one run, repeated --runs times, and
+reports throughput per mark as a table with configurations as columns (mean ±
+standard deviation over the runs). Every run records its environment (kernel,
+command line, CPU, memory, the kernel options the threads blame, sysctls,
+run-dir propagation, iproute2 and nsfleet versions) and is stored in an SQLite
+file (--db; 'nsfleet bench list' shows past runs).
+
+Scenarios:
+` + scenarioList() + `
+Output: -o table (default), json, csv, or benchfmt, the Go benchmark format
+that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
+		Example: `  nsfleet bench fake-router -n 1000 --runs 3
+  nsfleet bench fake-router --engines native,iproute2 --variants add,add+2exec+2link -n 500
+  nsfleet bench fake-router -o benchfmt > new.txt && benchstat -col /engine new.txt
+  nsfleet bench churn --runs 5
+  nsfleet bench list
+  nsfleet bench compare 20261129-2201 20261129-2230
+  nsfleet bench plot 20261129-2201 -o /tmp/plots
+  nsfleet bench report 20261129-2201 -o report.html`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			s, err := bench.Lookup(args[0])
+			if err != nil {
+				return usageError{err}
+			}
+			switch output {
+			case "table", "json", "csv", "benchfmt":
+			default:
+				return usageError{fmt.Errorf("bench: -o %q: want table, json, csv or benchfmt", output)}
+			}
+			o.Engines, o.Variants = splitList(engines), splitList(variants)
+			o.RunDir, o.Log = benchRunDir, g.log
+			prog := newProgress(g.stderr, "bench "+s.Name(), 0, "plain")
+			o.Progress = func(config string, rep, done, total int) {
+				prog.verb = fmt.Sprintf("bench %s %s run %d", s.Name(), config, rep+1)
+				if done < prog.done {
+					prog.done = 0
+				}
+				prog.set(done, total)
+			}
+			run, err := bench.Execute(cmd.Context(), s, o)
+			if run == nil {
+				return err
+			}
+			if err != nil {
+				fmt.Fprintln(g.stderr, "nsfleet:", err)
+			}
+			if !noStore && len(run.Samples) > 0 {
+				st, serr := bench.OpenStore(db)
+				if serr == nil {
+					serr = st.Save(run)
+					st.Close()
+				}
+				if serr != nil {
+					fmt.Fprintln(g.stderr, "nsfleet: bench: not stored:", serr)
+				} else {
+					fmt.Fprintf(g.stderr, "bench: stored as run %s in %s\n", run.ID, db)
+				}
+			}
+			var werr error
+			switch output {
+			case "json":
+				werr = bench.WriteJSON(g.stdout, run)
+			case "csv":
+				werr = bench.WriteCSV(g.stdout, run)
+			case "benchfmt":
+				werr = bench.WriteBenchfmt(g.stdout, run)
+			default:
+				werr = bench.WriteTable(g.stdout, run)
+			}
+			if err != nil {
+				return &exitError{code: ExitFailed}
+			}
+			return werr
+		},
+	}
+	f := cmd.Flags()
+	f.IntVarP(&o.N, "n", "n", 0, "how many (routers, pairs, iterations); 0: the scenario's default")
+	f.IntVar(&o.Mark, "mark", 0, "a mark every M; 0: the scenario's default")
+	f.IntVar(&o.Runs, "runs", 1, "repeat each configuration K times, each from a fresh state")
+	f.StringVar(&engines, "engines", "", "comma-separated engines (default: all the scenario knows)")
+	f.StringVar(&variants, "variants", "", "comma-separated variants (default: all)")
+	f.StringVarP(&output, "output", "o", "table", "table, json, csv or benchfmt")
+	f.StringVar(&benchRunDir, "bench-run-dir", "", "run dir for the native engine (default: a temporary one)")
+	f.BoolVar(&noStore, "no-store", false, "do not store the run")
+	cmd.PersistentFlags().StringVar(&db, "db", bench.DefaultDB(), "results database (SQLite)")
+	cmd.AddCommand(benchList(&db), benchCompare(g, &db), benchPlot(g, &db), benchReport(g, &db))
+	return cmd
+}
+
+func scenarioList() string {
+	var b strings.Builder
+	for _, n := range bench.Names() {
+		s, _ := bench.Lookup(n)
+		dn, dm := s.Defaults()
+		fmt.Fprintf(&b, "  %-18s %s (default -n %d, --mark %d)\n", n, s.Describe(), dn, dm)
+		if e := s.Engines(); len(e) > 1 {
+			fmt.Fprintf(&b, "  %-18s engines: %s\n", "", strings.Join(e, ", "))
+		}
+		if v := s.Variants(); len(v) > 1 {
+			fmt.Fprintf(&b, "  %-18s variants: %s\n", "", strings.Join(v, ", "))
+		}
+	}
+	return b.String()
+}
+
+func splitList(s string) []string {
+	if s == "" {
+		return nil
+	}
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func openStore(db string) (*bench.Store, error) {
+	if _, err := os.Stat(db); err != nil {
+		return nil, fmt.Errorf("bench: no results store at %s (run a scenario first, or pass --db)", db)
+	}
+	return bench.OpenStore(db)
+}
+
+func benchList(db *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "Show stored runs with their environments",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := openStore(*db)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			runs, err := st.List()
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "RUN\tSCENARIO\tSTARTED\tSECONDS\tSAMPLES\tKERNEL\tPARAMETERS")
+			for _, r := range runs {
+				var ps []string
+				for _, k := range []string{"n", "mark", "runs", "engines", "variants"} {
+					if v := r.Params[k]; v != "" {
+						ps = append(ps, k+"="+v)
+					}
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%d\t%s\t%s\n", r.ID, r.Scenario, r.Started.Local().Format("2006-01-02 15:04"), r.Elapsed, r.Samples, r.Kernel, strings.Join(ps, " "))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func loadRuns(db string, refs []string) ([]*bench.Run, error) {
+	st, _ := bench.OpenStore(db)
+	if st != nil {
+		defer st.Close()
+	}
+	var runs []*bench.Run
+	for _, ref := range refs {
+		r, err := bench.LoadAny(st, ref)
+		if err != nil {
+			return nil, err
+		}
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
+func benchCompare(g *globals, db *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "compare A B",
+		Short: "Compare two runs metric by metric (Welch t-test and Mann-Whitney U test)",
+		Long: `compare matches the samples of two runs (stored run ids, or files written with
+-o json) by metric, configuration and mark, and prints for each: the mean ±
+SD of A and B, the change, the 95% confidence interval of the difference
+(Welch), the p-values of Welch's t-test and of the Mann-Whitney U test (which
+assumes no normal distribution), and a verdict at alpha 0.05 (Welch decides
+below 5 runs a side, the U test from 5 on). Use --runs 3 or more.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			runs, err := loadRuns(*db, args)
+			if err != nil {
+				return err
+			}
+			if runs[0].Scenario != runs[1].Scenario {
+				return fmt.Errorf("bench compare: %s is %s but %s is %s", runs[0].ID, runs[0].Scenario, runs[1].ID, runs[1].Scenario)
+			}
+			cs := bench.Compare(runs[0], runs[1])
+			if len(cs) == 0 {
+				return fmt.Errorf("bench compare: the runs share no metric, configuration and mark")
+			}
+			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "A = %s, B = %s\n", runs[0].ID, runs[1].ID)
+			fmt.Fprintln(w, "METRIC\tCONFIG\tMARK\tA\tB\tCHANGE\t95% CI OF B-A\tP WELCH\tP U\tVERDICT")
+			for _, c := range cs {
+				mark := "-"
+				if c.Mark > 0 {
+					mark = fmt.Sprint(c.Mark)
+				}
+				fmt.Fprintf(w, "%s (%s)\t%s\t%s\t%.4g ± %.2g\t%.4g ± %.2g\t%+.1f%%\t[%.4g, %.4g]\t%.3f\t%.3f\t%s\n",
+					c.Metric, c.Unit, c.Config, mark, c.A.Mean, c.A.SD, c.B.Mean, c.B.SD, c.Delta*100, c.DiffLo, c.DiffHi, c.PWelch, c.PU, c.Verdict)
+			}
+			return w.Flush()
+		},
+	}
+}
+
+func benchPlot(g *globals, db *string) *cobra.Command {
+	var outDir, metric string
+	cmd := &cobra.Command{
+		Use:   "plot RUN... [-o DIR]",
+		Short: "Draw a metric per mark as SVG and PNG (colour-blind-safe, dashes and markers, labelled)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			runs, err := loadRuns(*db, args)
+			if err != nil {
+				return err
+			}
+			if err := os.MkdirAll(outDir, 0o755); err != nil {
+				return err
+			}
+			base := filepath.Join(outDir, runs[0].Scenario+"-"+strings.ReplaceAll(metric, " ", "_"))
+			for _, format := range []string{"svg", "png"} {
+				var buf bytes.Buffer
+				if err := bench.Plot(&buf, runs, metric, format); err != nil {
+					return fmt.Errorf("bench plot: %w", err)
+				}
+				if err := os.WriteFile(base+"."+format, buf.Bytes(), 0o644); err != nil {
+					return err
+				}
+				fmt.Fprintln(g.stdout, base+"."+format)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&outDir, "output", "o", ".", "directory for the SVG and PNG files")
+	cmd.Flags().StringVar(&metric, "metric", "rate", "the metric to draw")
+	return cmd
+}
+
+func benchReport(g *globals, db *string) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "report RUN... [-o FILE]",
+		Short: "Write one HTML page with the tables, plots and environment of runs",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			runs, err := loadRuns(*db, args)
+			if err != nil {
+				return err
+			}
+			var buf bytes.Buffer
+			if err := bench.WriteReport(&buf, runs); err != nil {
+				return err
+			}
+			if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, out)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&out, "output", "o", "nsfleet-report.html", "HTML file to write")
+	return cmd
+}
