@@ -36,12 +36,12 @@ var configKeys = []string{
 }
 
 var sysctlPaths = map[string]string{
-	"user.max_net_namespaces":            "/proc/sys/user/max_net_namespaces",
-	"fs.mount-max":                       "/proc/sys/fs/mount-max",
-	"net.core.devconf_inherit_init_net":  "/proc/sys/net/core/devconf_inherit_init_net",
-	"net.ipv4.neigh.default.gc_thresh3":  "/proc/sys/net/ipv4/neigh/default/gc_thresh3",
-	"kernel.rcu_expedited (sysfs)":       "/sys/kernel/rcu_expedited",
-	"kernel.rcu_normal (sysfs)":          "/sys/kernel/rcu_normal",
+	"user.max_net_namespaces":           "/proc/sys/user/max_net_namespaces",
+	"fs.mount-max":                      "/proc/sys/fs/mount-max",
+	"net.core.devconf_inherit_init_net": "/proc/sys/net/core/devconf_inherit_init_net",
+	"net.ipv4.neigh.default.gc_thresh3": "/proc/sys/net/ipv4/neigh/default/gc_thresh3",
+	"kernel.rcu_expedited (sysfs)":      "/sys/kernel/rcu_expedited",
+	"kernel.rcu_normal (sysfs)":         "/sys/kernel/rcu_normal",
 }
 
 // CaptureEnv reads the environment; runDir is the run dir the scenario

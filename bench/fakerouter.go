@@ -28,14 +28,19 @@ func (fakeRouter) Describe() string {
 	return "thread 000: netns + lo up + ip_forward + 2 veth pairs, routers/s per mark; engines side by side"
 }
 func (fakeRouter) Defaults() (int, int) { return 1000, 250 }
-func (fakeRouter) Engines() []string    { return []string{"native", "iproute2", "iproute2-batch", "pyroute2"} }
+func (fakeRouter) Engines() []string {
+	return []string{"native", "iproute2", "iproute2-batch", "pyroute2"}
+}
 func (fakeRouter) Variants() []string {
 	return []string{"add", "add+exec", "add+2exec", "add+2exec+link", "add+2exec+2link"}
 }
 func (fakeRouter) Keys() []string { return []string{"engine", "variant"} }
 
 // steps of a variant, as the seed's tables add them.
-type routerSteps struct{ loUp, forward bool; links int }
+type routerSteps struct {
+	loUp, forward bool
+	links         int
+}
 
 func stepsOf(variant string) routerSteps {
 	return map[string]routerSteps{
