@@ -199,12 +199,26 @@ func ReadJSON(path string) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	var r Run
-	if err := json.Unmarshal(b, &r); err != nil {
+	r, err := ParseRun(b)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	return r, nil
+}
+
+// ParseRun parses a run in the JSON form WriteJSON writes.
+func ParseRun(b []byte) (*Run, error) {
+	var r Run
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, err
+	}
 	if r.Scenario == "" || r.Samples == nil {
-		return nil, fmt.Errorf("%s: not an nsfleet bench run (no scenario or samples)", path)
+		return nil, errors.New("not an nsfleet bench run (no scenario or samples)")
+	}
+	for i, x := range r.Samples {
+		if x.Metric == "" {
+			return nil, fmt.Errorf("sample %d has no metric", i)
+		}
 	}
 	return &r, nil
 }
