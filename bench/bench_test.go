@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,7 +15,12 @@ import (
 	"golang.org/x/perf/benchfmt"
 )
 
-func TestMain(m *testing.M) { nstest.Main(m) }
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == ChurnHelperArg {
+		ChurnHelperMain(os.Args[2:])
+	}
+	nstest.Main(m)
+}
 
 // synthetic makes a fake-router-like run: two engines, two marks, the
 // given values per repetition.
@@ -194,5 +200,31 @@ func TestFakeRouterNative(t *testing.T) {
 	}
 	if left := nstest.HostLinks(t, p); len(left) > 0 {
 		t.Fatalf("left behind: %v", left)
+	}
+}
+
+// TestChurn runs the churn scenario for real, small, with a limit low
+// enough that creation outruns freeing.
+func TestChurn(t *testing.T) {
+	nstest.RequireRoot(t)
+	old := ChurnLimit
+	ChurnLimit = 50
+	defer func() { ChurnLimit = old }()
+	s, _ := Lookup("churn")
+	r, err := Execute(context.Background(), s, Options{N: 2000, Mark: 500, Variants: []string{"ipc", "net"}})
+	if err != nil {
+		t.Skipf("cannot run in a user namespace here: %v", err)
+	}
+	seen := map[string]int{}
+	for _, x := range r.Samples {
+		seen[x.Config["type"]+" "+x.Metric]++
+	}
+	for _, want := range []string{"ipc rate", "net rate", "net time to drain", "ipc ENOSPC stalls"} {
+		if seen[want] == 0 {
+			t.Errorf("no %q sample: %v", want, seen)
+		}
+	}
+	if seen["net rate"] != 4 {
+		t.Errorf("net rate samples: %d, want 4 marks", seen["net rate"])
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/nsfleet/nsfleet/bench"
 	"github.com/nsfleet/nsfleet/fleet"
 	_ "github.com/nsfleet/nsfleet/internal/fastexec" // exec NAME -- CMD before the Go runtime starts
 	"github.com/nsfleet/nsfleet/netns"
@@ -60,6 +61,9 @@ type globals struct {
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == proc.HelperArg {
 		proc.HelperMain(args[1:]) // does not return
+	}
+	if len(args) > 0 && args[0] == bench.ChurnHelperArg {
+		bench.ChurnHelperMain(args[1:]) // does not return
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
