@@ -228,3 +228,21 @@ func TestChurn(t *testing.T) {
 		t.Errorf("net rate samples: %d, want 4 marks", seen["net rate"])
 	}
 }
+
+func TestVeth(t *testing.T) {
+	nstest.RequireRoot(t)
+	s, _ := Lookup("veth")
+	r, err := Execute(context.Background(), s, Options{N: 40, Mark: 20, Variants: []string{"explicit", "kernel-names", "peer-moved"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, x := range r.Samples {
+		seen[x.Config["variant"]+" "+x.Metric]++
+	}
+	for _, want := range []string{"explicit create rate", "kernel-names create rate", "peer-moved create rate", "explicit delete one by one", "explicit delete by namespace exit"} {
+		if seen[want] == 0 {
+			t.Errorf("no %q sample: %v", want, seen)
+		}
+	}
+}
