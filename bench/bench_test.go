@@ -246,3 +246,27 @@ func TestVeth(t *testing.T) {
 		}
 	}
 }
+
+func TestMountPropagation(t *testing.T) {
+	nstest.RequireRoot(t)
+	old := IdleMountNamespaces
+	IdleMountNamespaces = 3
+	defer func() { IdleMountNamespaces = old }()
+	s, _ := Lookup("mount-propagation")
+	r, err := Execute(context.Background(), s, Options{N: 20, Mark: 10, Prefix: nstest.Prefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Skipped) > 0 {
+		t.Skip(r.Skipped)
+	}
+	seen := map[string]int{}
+	for _, x := range r.Samples {
+		seen[x.Config["layout"]+" "+x.Metric]++
+	}
+	for _, l := range []string{"shared", "parent-shared", "private"} {
+		if seen[l+" add rate"] != 2 || seen[l+" delete rate"] != 1 || seen[l+" new mount namespace"] != 2 {
+			t.Errorf("%s: %v", l, seen)
+		}
+	}
+}
