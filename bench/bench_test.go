@@ -270,3 +270,32 @@ func TestMountPropagation(t *testing.T) {
 		}
 	}
 }
+
+func TestUevent(t *testing.T) {
+	nstest.RequireRoot(t)
+	old := UeventNamespaces
+	UeventNamespaces = 5
+	defer func() { UeventNamespaces = old }()
+	s, _ := Lookup("uevent")
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	r, err := Execute(context.Background(), s, Options{N: 200, Prefix: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, x := range r.Samples {
+		if x.Metric == "transaction time p50" {
+			n++
+			if x.Value <= 0 {
+				t.Errorf("%+v", x)
+			}
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d p50 samples, want 2 (listeners and none)", n)
+	}
+	if left := nstest.HostLinks(t, p); len(left) > 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}

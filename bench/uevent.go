@@ -1,0 +1,153 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/rtnl"
+	"golang.org/x/sys/unix"
+)
+
+// uevent reproduces ../shared/seeds/001: a kernel uevent is broadcast to the
+// uevent listeners of every network namespace owned by the initial user
+// namespace, under one mutex, so its cost grows with the namespaces that
+// listen. K namespaces get a NETLINK_KOBJECT_UEVENT listener each (or
+// none); then N "change" uevents are injected on a veth of the scenario's
+// own, and each injection (a write to its uevent file, which returns when
+// the broadcast is done) is timed.
+type uevent struct{}
+
+func init() { register(uevent{}) }
+
+func (uevent) Name() string { return "uevent" }
+func (uevent) Describe() string {
+	return "thread 001: inject N uevents with K namespaces (--namespaces) listening or not; transaction time mean and percentiles"
+}
+func (uevent) Defaults() (int, int) { return 10000, 10000 }
+func (uevent) Engines() []string    { return []string{"native"} }
+func (uevent) Variants() []string   { return []string{"listeners", "no-listeners"} }
+func (uevent) Keys() []string       { return []string{"listeners"} }
+
+// UeventNamespaces is K.
+var UeventNamespaces = 100
+
+func (u uevent) Run(ctx context.Context, o Options, run *Run) error {
+	variants, err := pick(u.Variants(), o.Variants)
+	if err != nil {
+		return fmt.Errorf("--variants: %w", err)
+	}
+	run.Params["namespaces"] = fmt.Sprint(UeventNamespaces)
+	run.Notes = append(run.Notes, "uevents are injected on a veth the scenario makes in nsfleet's namespace (name "+o.Prefix+"u0) and removes afterwards; namespaces owned by other user namespaces are not measured")
+	host, err := rtnl.OpenLite()
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	self, err := netns.Current()
+	if err != nil {
+		return err
+	}
+	defer self.Close()
+	dev := o.Prefix + "u0"
+	if err := host.AddVeth(rtnl.VethPair{Host: dev, Peer: o.Prefix + "u1", PeerNsFd: self.Fd()}); err != nil {
+		return err
+	}
+	defer func() {
+		if l, err := host.LinkByName(dev); err == nil {
+			host.DeleteLink(l.Index)
+		}
+	}()
+	for _, v := range variants {
+		for rep := 0; rep < o.Runs; rep++ {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			cfg := map[string]string{"listeners": map[string]string{"listeners": fmt.Sprint(UeventNamespaces), "no-listeners": "0"}[v]}
+			o.Log.Info("run", "variant", v, "rep", rep+1)
+			if err := u.once(ctx, o, dev, v == "listeners", cfg, rep, run); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (u uevent) once(ctx context.Context, o Options, dev string, listen bool, cfg map[string]string, rep int, run *Run) error {
+	var held []*netns.NS
+	var socks []int
+	defer func() {
+		for _, s := range socks {
+			unix.Close(s)
+		}
+		for _, h := range held {
+			h.Close()
+		}
+	}()
+	for i := 0; i < UeventNamespaces; i++ {
+		h, err := netns.Create(func(*netns.NS) error {
+			if !listen {
+				return nil
+			}
+			s, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_KOBJECT_UEVENT)
+			if err != nil {
+				return err
+			}
+			socks = append(socks, s)
+			return unix.Bind(s, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1})
+		})
+		if err != nil {
+			return fmt.Errorf("listener namespace: %w", err)
+		}
+		held = append(held, h)
+	}
+	f, err := os.OpenFile("/sys/class/net/"+dev+"/uevent", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ds := make([]float64, 0, o.N)
+	for i := 0; i < o.N; i++ {
+		if i%1000 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		t := time.Now()
+		if _, err := f.Write([]byte("change")); err != nil {
+			return fmt.Errorf("inject uevent: %w", err)
+		}
+		ds = append(ds, float64(time.Since(t).Nanoseconds())/1e3)
+		if i%1000 == 999 {
+			drain(socks)
+		}
+	}
+	sort.Float64s(ds)
+	sum := 0.0
+	for _, d := range ds {
+		sum += d
+	}
+	add := func(metric string, v float64) {
+		run.Samples = append(run.Samples, Sample{Config: cfg, Metric: metric, Unit: "us", Better: "lower", Rep: rep, Value: v})
+	}
+	add("transaction time mean", sum/float64(len(ds)))
+	add("transaction time p50", ds[len(ds)/2])
+	add("transaction time p90", ds[len(ds)*9/10])
+	add("transaction time p99", ds[len(ds)*99/100])
+	return nil
+}
+
+// drain empties the listeners' queues so they keep receiving (a full
+// queue drops, which is cheaper than delivering and would flatter the
+// numbers).
+func drain(socks []int) {
+	buf := make([]byte, 8192)
+	for _, s := range socks {
+		for {
+			if _, _, err := unix.Recvfrom(s, buf, unix.MSG_DONTWAIT); err != nil {
+				break
+			}
+		}
+	}
+}
