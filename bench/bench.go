@@ -90,6 +90,7 @@ type Options struct {
 	Variants []string // nil: all
 	Prefix   string   // name prefix for everything made
 	RunDir   string   // a run dir of the scenario's own
+	Workers  int      // native engine workers; 0: fleet's default
 	Log      *slog.Logger
 	// Progress, if set, is told of each mark reached.
 	Progress func(config string, rep, done, total int)

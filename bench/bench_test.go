@@ -41,7 +41,7 @@ func TestBenchfmtReadsBack(t *testing.T) {
 	if err := WriteBenchfmt(&buf, synthetic("a", []float64{1000, 1010}, []float64{20, 21})); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(buf.String(), "Unit routers/s better=higher") {
+	if !strings.Contains(buf.String(), "Unit routers/s better=higher") || !strings.Contains(buf.String(), "\nBenchmarkFakeRouter/engine=native/variant=add/mark=250 1 ") {
 		t.Fatalf("no unit line:\n%s", buf.String())
 	}
 	rd := benchfmt.NewReader(&buf, "out.txt")
@@ -53,7 +53,7 @@ func TestBenchfmtReadsBack(t *testing.T) {
 		}
 		n++
 		name := res.Name.String()
-		if !strings.HasPrefix(name, "BenchmarkFakeRouter/engine=") || !strings.Contains(name, "/variant=add/mark=") {
+		if !strings.HasPrefix(name, "FakeRouter/engine=") || !strings.Contains(name, "/variant=add/mark=") {
 			t.Errorf("name %q", name)
 		}
 		if v, ok := res.Value("routers/s"); !ok || v <= 0 {

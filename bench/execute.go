@@ -59,6 +59,7 @@ func Execute(ctx context.Context, s Scenario, o Options) (*Run, error) {
 		Params: map[string]string{
 			"n": strconv.Itoa(o.N), "mark": strconv.Itoa(o.Mark), "runs": strconv.Itoa(o.Runs),
 			"engines": strings.Join(o.Engines, ","), "variants": strings.Join(o.Variants, ","),
+			"workers": strconv.Itoa(o.Workers),
 		},
 	}
 	err := s.Run(ctx, o, run)

@@ -139,7 +139,7 @@ func (f fakeRouter) native(ctx context.Context, o Options, cfg map[string]string
 	}
 	steps := &fleet.StepTimes{Mark: o.Mark}
 	done := 0
-	opts := fleet.Options{RunDir: rd, Mark: o.Mark, Steps: steps, OnResult: func(fleet.Result) {
+	opts := fleet.Options{RunDir: rd, Mark: o.Mark, Steps: steps, Workers: o.Workers, OnResult: func(fleet.Result) {
 		done++
 		if o.Progress != nil && done%o.Mark == 0 {
 			o.Progress(ConfigKey(cfg, f.Keys()), rep, done, o.N)

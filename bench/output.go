@@ -180,7 +180,7 @@ func BenchName(scenario string) string {
 // `benchstat -col /engine` lays engines side by side.
 func WriteBenchfmt(w io.Writer, r *Run) error {
 	bw := benchfmt.NewWriter(w)
-	base := BenchName(r.Scenario)
+	base := strings.TrimPrefix(BenchName(r.Scenario), "Benchmark") // the writer adds it
 	fileCfg := []benchfmt.Config{
 		{Key: "goos", Value: []byte("linux"), File: true},
 		{Key: "kernel", Value: []byte(firstWord(r.Env.Kernel)), File: true},

@@ -55,7 +55,7 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 				return usageError{fmt.Errorf("bench: -o %q: want table, json, csv or benchfmt", output)}
 			}
 			o.Engines, o.Variants = splitList(engines), splitList(variants)
-			o.RunDir, o.Log = benchRunDir, g.log
+			o.RunDir, o.Log, o.Workers = benchRunDir, g.log, g.workers
 			prog := newProgress(g.stderr, "bench "+s.Name(), 0, "plain")
 			o.Progress = func(config string, rep, done, total int) {
 				prog.verb = fmt.Sprintf("bench %s %s run %d", s.Name(), config, rep+1)
