@@ -251,11 +251,7 @@ func TestLimitENOSPC(t *testing.T) {
 		"--run-dir", rdir, "up", "-f", specB, "--progress", "none", "--next",
 		"--run-dir", rdir, "ls")
 	cmd.Env = append(os.Environ(), "NSFLEET_CLI_CHILD=script", "NSFLEET_CHILD_NETNS_LIMIT=5")
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
-	}
+	cmd.SysProcAttr = nstest.InUserNamespace()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Skipf("cannot run in a user namespace here: %v\n%s", err, out)

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,6 +55,17 @@ func FakeRouters(prefix string, count int) string {
       - host: "%[1]sg{i}"
         peer: "qgi-{i}"
 `, prefix, count)
+}
+
+// InUserNamespace returns process attributes that start a child in a new
+// user namespace (root mapped to root) with a mount namespace of its own:
+// there a test may lower namespace limits without touching the host's.
+func InUserNamespace() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+	}
 }
 
 // RunDir makes a temporary run dir that is removed, with every pin and
