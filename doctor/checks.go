@@ -165,12 +165,14 @@ func checkMounts(e *Environment) []Finding {
 
 func checkHeadroom(e *Environment) []Finding {
 	var out []Finding
-	live := len(e.NetNS)
 	f := Finding{Check: CheckHeadroom, Severity: OK}
-	f.Summary = fmt.Sprintf("%s found alive, limit user.max_net_namespaces %d", plural(live, "network namespace", "network namespaces"), e.MaxNetNamespaces)
-	pinned, procs := 0, 0
+	pinned, procs, others := 0, 0, 0
 	var fdOnly []string
 	for ino, h := range e.NetNS {
+		if h.Path != "" && !ownedHere(h.Path) {
+			others++ // another user namespace's: its own limit applies
+			continue
+		}
 		if len(h.Pins) > 0 {
 			pinned++
 		}
@@ -182,7 +184,9 @@ func checkHeadroom(e *Environment) []Finding {
 		}
 	}
 	sort.Strings(fdOnly)
-	f.Evidence = []string{fmt.Sprintf("%d pinned, %d used by a process, %d held only by an open descriptor", pinned, procs, len(fdOnly)),
+	live := len(e.NetNS) - others
+	f.Summary = fmt.Sprintf("%s found alive, limit user.max_net_namespaces %d", plural(live, "network namespace", "network namespaces"), e.MaxNetNamespaces)
+	f.Evidence = []string{fmt.Sprintf("%d pinned, %d used by a process, %d held only by an open descriptor; %d owned by other user namespaces (not counted)", pinned, procs, len(fdOnly), others),
 		"namespaces held only inside the kernel (a socket, a namespace being freed) are not visible without listns(), which this kernel lacks"}
 	if e.MaxNetNamespaces > 0 {
 		switch r := float64(live) / float64(e.MaxNetNamespaces); {

@@ -49,6 +49,7 @@ type Environment struct {
 
 // Holder says what keeps a network namespace alive.
 type Holder struct {
+	Path     string   // one path that opens it (for the owner check)
 	Pins     []string // mount points of nsfs mounts (in our mount namespace)
 	Procs    []int    // PIDs whose task is in it
 	FDs      []int    // PIDs holding an fd on it
@@ -90,7 +91,11 @@ func Gather(opts Options) (*Environment, error) {
 	for _, m := range e.Mounts {
 		if m.FSType == "nsfs" && strings.HasPrefix(m.Root, "net:[") {
 			ino := nsfsIno(m.Root)
-			e.holder(ino).Pins = append(e.holder(ino).Pins, m.MountPoint)
+			h := e.holder(ino)
+			h.Pins = append(h.Pins, m.MountPoint)
+			if h.Path == "" {
+				h.Path = m.MountPoint
+			}
 		}
 	}
 	e.findReceivers()
@@ -125,7 +130,11 @@ func (e *Environment) scanProcs() {
 		}
 		base := "/proc/" + ent.Name()
 		if unix.Stat(base+"/ns/net", &st) == nil {
-			e.holder(st.Ino).Procs = append(e.holder(st.Ino).Procs, pid)
+			h := e.holder(st.Ino)
+			h.Procs = append(h.Procs, pid)
+			if h.Path == "" {
+				h.Path = base + "/ns/net"
+			}
 		}
 		if unix.Stat(base+"/ns/mnt", &st) == nil {
 			if _, seen := e.MountNamespaces[st.Ino]; !seen {
@@ -143,6 +152,9 @@ func (e *Environment) scanProcs() {
 			}
 			h := e.holder(nsfsIno(l))
 			h.FDs = append(h.FDs, pid)
+			if h.Path == "" {
+				h.Path = base + "/fd/" + fd.Name()
+			}
 			h.FDsComms = append(h.FDsComms, readTrim(base+"/comm"))
 		}
 	}
@@ -257,4 +269,32 @@ func ParseKernelConfig(b []byte) map[string]string {
 
 func commOf(pid int) string {
 	return readTrim(fmt.Sprintf("/proc/%d/comm", pid))
+}
+
+// ownedHere reports whether the network namespace at path is owned by the
+// user namespace doctor runs in: user.max_net_namespaces counts only those.
+// When it cannot tell, it says yes.
+func ownedHere(path string) bool {
+	var self unix.Stat_t
+	if unix.Stat("/proc/self/ns/user", &self) != nil {
+		return true
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return true
+	}
+	defer unix.Close(fd)
+	ufd, err := unix.IoctlRetInt(fd, unix.NS_GET_USERNS)
+	if err == unix.EPERM {
+		return false // owned by a user namespace above ours
+	}
+	if err != nil {
+		return true
+	}
+	defer unix.Close(ufd)
+	var st unix.Stat_t
+	if unix.Fstat(ufd, &st) != nil {
+		return true
+	}
+	return st.Ino == self.Ino
 }
