@@ -64,6 +64,14 @@ func (f fakeRouter) Run(ctx context.Context, o Options, run *Run) error {
 	run.Notes = append(run.Notes,
 		"native uses its own run dir ("+o.RunDir+"); the iproute2 and pyroute2 engines must use /run/netns, under the prefix "+o.Prefix,
 		"iproute2-batch: ip -batch expresses netns add and link add, but lo up and sysctl still need 'netns exec' lines, a process each")
+	// Refuse to run where cleanup could remove what others made.
+	if ents, err := os.ReadDir(netns.DefaultRunDir); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), o.Prefix) {
+				return fmt.Errorf("%s/%s already exists: the prefix %q is taken; refusing to run (pick another with a different process, or remove it)", netns.DefaultRunDir, e.Name(), o.Prefix)
+			}
+		}
+	}
 	for _, eng := range engines {
 		if why := engineMissing(eng); why != "" {
 			run.Skipped = append(run.Skipped, "engine="+eng+": "+why)

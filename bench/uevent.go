@@ -1,10 +1,17 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
+	"runtime"
 	"sort"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nsfleet/nsfleet/netns"
@@ -29,7 +36,9 @@ func (uevent) Describe() string {
 }
 func (uevent) Defaults() (int, int) { return 10000, 10000 }
 func (uevent) Engines() []string    { return []string{"native"} }
-func (uevent) Variants() []string   { return []string{"listeners", "no-listeners"} }
+func (uevent) Variants() []string {
+	return []string{"listeners", "userns-listeners", "no-listeners"}
+}
 func (uevent) Keys() []string       { return []string{"listeners"} }
 
 // UeventNamespaces is K.
@@ -41,7 +50,8 @@ func (u uevent) Run(ctx context.Context, o Options, run *Run) error {
 		return fmt.Errorf("--variants: %w", err)
 	}
 	run.Params["namespaces"] = fmt.Sprint(UeventNamespaces)
-	run.Notes = append(run.Notes, "uevents are injected on a veth the scenario makes in nsfleet's namespace (name "+o.Prefix+"u0) and removes afterwards; namespaces owned by other user namespaces are not measured")
+	run.Notes = append(run.Notes, "uevents are injected on a veth the scenario makes in nsfleet's namespace (name "+o.Prefix+"u0) and removes afterwards",
+		"userns-listeners: the K namespaces (and their listeners) are owned by a user namespace of their own; the kernel sends them no untagged uevents")
 	host, err := rtnl.OpenLite()
 	if err != nil {
 		return err
@@ -66,8 +76,21 @@ func (u uevent) Run(ctx context.Context, o Options, run *Run) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			cfg := map[string]string{"listeners": map[string]string{"listeners": fmt.Sprint(UeventNamespaces), "no-listeners": "0"}[v]}
+			cfg := map[string]string{"listeners": map[string]string{"listeners": fmt.Sprint(UeventNamespaces), "userns-listeners": fmt.Sprint(UeventNamespaces) + "-in-userns", "no-listeners": "0"}[v]}
 			o.Log.Info("run", "variant", v, "rep", rep+1)
+			if v == "userns-listeners" {
+				stop, err := usernsListeners(ctx, UeventNamespaces)
+				if err != nil {
+					run.Skipped = append(run.Skipped, "variant=userns-listeners: "+err.Error())
+					break
+				}
+				err = u.once(ctx, o, dev, false, cfg, rep, run)
+				stop()
+				if err != nil {
+					return err
+				}
+				continue
+			}
 			if err := u.once(ctx, o, dev, v == "listeners", cfg, rep, run); err != nil {
 				return err
 			}
@@ -150,4 +173,64 @@ func drain(socks []int) {
 			}
 		}
 	}
+}
+
+// UeventHelperArg makes nsfleet (or a test binary) hold K listening
+// namespaces in a user namespace of its own.
+const UeventHelperArg = "__nsfleet-uevent-helper"
+
+// usernsListeners starts the helper and waits until its K namespaces listen.
+func usernsListeners(ctx context.Context, k int) (stop func(), err error) {
+	cmd := exec.CommandContext(ctx, "/proc/self/exe", UeventHelperArg, fmt.Sprint(k))
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}},
+	}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("user namespace helper: %w", err)
+	}
+	stop = func() { in.Close(); cmd.Process.Kill(); cmd.Wait() }
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		stop()
+		return nil, fmt.Errorf("user namespace helper: %q %v", line, err)
+	}
+	return stop, nil
+}
+
+// UeventHelperMain holds K network namespaces, each with a bound uevent
+// socket, on one thread, until stdin closes.
+func UeventHelperMain(args []string) {
+	k, err := strconv.Atoi(args[0])
+	if err != nil || k < 1 {
+		os.Exit(2)
+	}
+	runtime.LockOSThread()
+	for i := 0; i < k; i++ {
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			fmt.Println("unshare:", err)
+			os.Exit(1)
+		}
+		s, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_KOBJECT_UEVENT)
+		if err == nil {
+			err = unix.Bind(s, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1})
+		}
+		if err != nil {
+			fmt.Println("listener:", err)
+			os.Exit(1)
+		}
+		// The socket keeps its namespace alive after the next unshare.
+	}
+	fmt.Println("ready")
+	io.Copy(io.Discard, os.Stdin)
+	os.Exit(0)
 }

@@ -65,6 +65,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == bench.ChurnHelperArg {
 		bench.ChurnHelperMain(args[1:]) // does not return
 	}
+	if len(args) > 1 && args[0] == bench.UeventHelperArg {
+		bench.UeventHelperMain(args[1:]) // does not return
+	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	g := &globals{stdout: stdout, stderr: stderr}
