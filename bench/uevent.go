@@ -39,7 +39,7 @@ func (uevent) Engines() []string    { return []string{"native"} }
 func (uevent) Variants() []string {
 	return []string{"listeners", "userns-listeners", "no-listeners"}
 }
-func (uevent) Keys() []string       { return []string{"listeners"} }
+func (uevent) Keys() []string { return []string{"listeners"} }
 
 // UeventNamespaces is K.
 var UeventNamespaces = 100
