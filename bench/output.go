@@ -67,6 +67,25 @@ func WriteTable(w io.Writer, r *Run) error {
 	fmt.Fprintf(w, "kernel %s; %d CPUs (%s); iproute2 %s\n", firstWord(r.Env.Kernel), r.Env.CPUs, r.Env.CPU, strings.TrimPrefix(r.Env.Iproute2, "ip utility, "))
 	for _, m := range s.metrics {
 		fmt.Fprintf(w, "\n%s (%s, %s is better)\n", m, s.units[m], s.better[m])
+		if len(s.configs[m]) > 6 && len(s.configs[m]) > len(s.marks[m]) {
+			// Many configurations, few marks: configurations as rows, so
+			// the table stays readable on a terminal.
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+			header := []string{"configuration"}
+			for _, mark := range s.marks[m] {
+				header = append(header, markLabel(mark))
+			}
+			fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
+			for _, c := range s.configs[m] {
+				row := []string{c}
+				for _, mark := range s.marks[m] {
+					row = append(row, cell(s.values[m][c][mark]))
+				}
+				fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+			}
+			tw.Flush()
+			continue
+		}
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 		header := []string{"mark"}
 		for _, c := range s.configs[m] {
@@ -92,6 +111,13 @@ func WriteTable(w io.Writer, r *Run) error {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
 	return nil
+}
+
+func markLabel(mark int) string {
+	if mark == 0 {
+		return "-"
+	}
+	return "mark " + strconv.Itoa(mark)
 }
 
 func cell(v []float64) string {

@@ -110,7 +110,7 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 	f.StringVar(&benchRunDir, "bench-run-dir", "", "run dir for the native engine (default: a temporary one)")
 	f.BoolVar(&noStore, "no-store", false, "do not store the run")
 	cmd.PersistentFlags().StringVar(&db, "db", bench.DefaultDB(), "results database (SQLite)")
-	cmd.AddCommand(benchList(&db), benchCompare(g, &db), benchPlot(g, &db), benchReport(g, &db))
+	cmd.AddCommand(benchList(&db), benchShow(g, &db), benchCompare(g, &db), benchPlot(g, &db), benchReport(g, &db))
 	return cmd
 }
 
@@ -195,6 +195,34 @@ func loadRuns(db string, refs []string) ([]*bench.Run, error) {
 		runs = append(runs, r)
 	}
 	return runs, nil
+}
+
+func benchShow(g *globals, db *string) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "show RUN [-o table|json|csv|benchfmt]",
+		Short: "Print a stored run again, in any output format",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			runs, err := loadRuns(*db, args)
+			if err != nil {
+				return err
+			}
+			switch output {
+			case "json":
+				return bench.WriteJSON(g.stdout, runs[0])
+			case "csv":
+				return bench.WriteCSV(g.stdout, runs[0])
+			case "benchfmt":
+				return bench.WriteBenchfmt(g.stdout, runs[0])
+			case "table":
+				return bench.WriteTable(g.stdout, runs[0])
+			}
+			return usageError{fmt.Errorf("bench show: -o %q: want table, json, csv or benchfmt", output)}
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "table, json, csv or benchfmt")
+	return cmd
 }
 
 func benchCompare(g *globals, db *string) *cobra.Command {
