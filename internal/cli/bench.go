@@ -17,6 +17,7 @@ func newBench(g *globals) *cobra.Command {
 	var engines, variants, output, db string
 	var noStore bool
 	var benchRunDir string
+	var idle, listeners, limit int
 	cmd := &cobra.Command{
 		Use:   "bench SCENARIO [flags] | bench list | bench compare A B | bench plot RUN... | bench report RUN...",
 		Short: "The scalability lab: reproduce the source threads' workloads and compare methods",
@@ -56,6 +57,10 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 			}
 			o.Engines, o.Variants = splitList(engines), splitList(variants)
 			o.RunDir, o.Log, o.Workers = benchRunDir, g.log, g.workers
+			bench.IdleMountNamespaces, bench.UeventNamespaces, bench.ChurnLimit = idle, listeners, limit
+			if idle < 0 || listeners < 1 || limit < 2 {
+				return usageError{fmt.Errorf("bench: --idle >= 0, --namespaces >= 1, --limit >= 2")}
+			}
 			prog := newProgress(g.stderr, "bench "+s.Name(), 0, "plain")
 			o.Progress = func(config string, rep, done, total int) {
 				prog.verb = fmt.Sprintf("bench %s %s run %d", s.Name(), config, rep+1)
@@ -109,6 +114,9 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 	f.StringVarP(&output, "output", "o", "table", "table, json, csv or benchfmt")
 	f.StringVar(&benchRunDir, "bench-run-dir", "", "run dir for the native engine (default: a temporary one)")
 	f.BoolVar(&noStore, "no-store", false, "do not store the run")
+	f.IntVar(&idle, "idle", bench.IdleMountNamespaces, "mount-propagation: idle mount namespaces held open (M)")
+	f.IntVar(&listeners, "namespaces", bench.UeventNamespaces, "uevent: namespaces with (or without) a listener (K)")
+	f.IntVar(&limit, "limit", bench.ChurnLimit, "churn: user.max_<type>_namespaces inside its user namespace")
 	cmd.PersistentFlags().StringVar(&db, "db", bench.DefaultDB(), "results database (SQLite)")
 	cmd.AddCommand(benchList(&db), benchShow(g, &db), benchCompare(g, &db), benchPlot(g, &db), benchReport(g, &db))
 	return cmd
