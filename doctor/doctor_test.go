@@ -371,7 +371,9 @@ func TestNoFleetExitsZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range r.Findings {
-		if f.Severity >= doctor.Warn && f.Check != doctor.CheckNeigh && f.Check != doctor.CheckBridges {
+		// Neighbours, bridges and the sysctl timing reflect what other
+		// tests (TestSysctlTrap plants 5,000 namespaces) are doing.
+		if f.Severity >= doctor.Warn && f.Check != doctor.CheckNeigh && f.Check != doctor.CheckBridges && f.Check != doctor.CheckSysctl {
 			t.Errorf("on a machine with no fleet: %v %s: %s", f.Severity, f.Check, f.Summary)
 		}
 	}

@@ -99,7 +99,7 @@ func TestBadSpecNamesLine(t *testing.T) {
 // TestInteropWithIproute2 works in the real /run/netns (under a unique
 // prefix) so that ip(8) sees nsfleet's namespaces and nsfleet sees ip's.
 func TestInteropWithIproute2(t *testing.T) {
-	nstest.RequireRoot(t)
+	nstest.SystemRunDir(t)
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("ip(8) not installed")
 	}

@@ -182,7 +182,7 @@ func TestExecMountNSMatchesIproute2(t *testing.T) {
 }
 
 func testExecMountNS(t *testing.T) {
-	nstest.RequireRoot(t)
+	nstest.SystemRunDir(t)
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("ip(8) not installed")
 	}
@@ -198,10 +198,17 @@ func testExecMountNS(t *testing.T) {
 	}
 	// A per-namespace /etc file, as iproute2 documents (made by us, removed after).
 	etc := filepath.Join("/etc/netns", p+"m")
+	_, err := os.Stat("/etc/netns")
+	madeEtcNetns := err != nil
 	if err := os.MkdirAll(etc, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(etc) })
+	t.Cleanup(func() {
+		os.RemoveAll(etc)
+		if madeEtcNetns {
+			os.Remove("/etc/netns")
+		}
+	})
 	os.WriteFile(filepath.Join(etc, "hostname"), []byte("inside-"+p+"\n"), 0o644)
 	script := "ls /sys/class/net | tr '\\n' ' '; echo; cat /etc/hostname; exit 3"
 	ipCmd := exec.Command("ip", "netns", "exec", p+"m", "sh", "-c", script)

@@ -57,6 +57,40 @@ func FakeRouters(prefix string, count int) string {
 `, prefix, count)
 }
 
+// SystemRunDir is for tests that must use the real /run/netns (ip(8) knows
+// no other): when the test ends, if /run/netns was not a mount point before
+// it and holds no pin now, the mount nsfleet or ip made on it is undone and
+// a directory the test created is removed, so the host is left as found.
+func SystemRunDir(t testing.TB) {
+	t.Helper()
+	RequireRoot(t)
+	_, statErr := os.Stat(netns.DefaultRunDir)
+	existed := statErr == nil
+	wasMount := false
+	if rd, err := netns.OpenRunDir(netns.DefaultRunDir, false); err == nil {
+		if st, err := rd.State(); err == nil {
+			wasMount = st.IsMountPoint
+		}
+	}
+	lock := filepath.Join(filepath.Dir(netns.DefaultRunDir), "."+filepath.Base(netns.DefaultRunDir)+".nsfleet.lock")
+	_, lockErr := os.Stat(lock)
+	t.Cleanup(func() {
+		if ents, err := os.ReadDir(netns.DefaultRunDir); err != nil || len(ents) > 0 {
+			return
+		}
+		if !wasMount {
+			for i := 0; i < 8 && unix.Unmount(netns.DefaultRunDir, unix.MNT_DETACH) == nil; i++ {
+			}
+		}
+		if !existed {
+			os.Remove(netns.DefaultRunDir)
+		}
+		if lockErr != nil {
+			os.Remove(lock)
+		}
+	})
+}
+
 // InUserNamespace returns process attributes that start a child in a new
 // user namespace (root mapped to root) with a mount namespace of its own:
 // there a test may lower namespace limits without touching the host's.
