@@ -297,3 +297,16 @@ func TestSecondRunRefusedWhileLocked(t *testing.T) {
 		t.Fatalf("code %d, stderr %q", code, errs)
 	}
 }
+
+func TestMissingRunDirIsEmpty(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "never-made")
+	if code, out, errs := run("--run-dir", dir, "ls"); code != 0 || !strings.Contains(out, "0 namespaces") {
+		t.Errorf("ls: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := run("--run-dir", dir, "down", "--prefix", "x"); code != 0 || !strings.Contains(out, "nothing to delete") {
+		t.Errorf("down: %d %q %q", code, out, errs)
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Error("ls or down created the run dir")
+	}
+}

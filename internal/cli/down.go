@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"io"
 	"time"
 
@@ -46,6 +48,10 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 				sel.Prefix = prefix
 			}
 			rd, lock, err := g.openRunDir(false)
+			if errors.Is(err, os.ErrNotExist) {
+				fmt.Fprintf(g.stdout, "down: nothing to delete (%s does not exist)\n", g.runDir)
+				return nil
+			}
 			if err != nil {
 				return fmt.Errorf("down: %w", err)
 			}

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
+	"os"
 	"fmt"
 	"io"
 	"strings"
@@ -47,13 +49,23 @@ after '='.`,
 					return err
 				}
 			}
+			var st []fleet.Status
 			rd, err := netns.OpenRunDir(g.runDir, false)
-			if err != nil {
+			switch {
+			case errors.Is(err, os.ErrNotExist):
+				// No run dir yet: nothing exists (and a spec's namespaces
+				// are all missing).
+				if f != nil {
+					for _, n := range f.Names() {
+						st = append(st, fleet.Status{Name: n, State: fleet.StateMissing})
+					}
+				}
+			case err != nil:
 				return fmt.Errorf("ls: %w", err)
-			}
-			st, err := fleet.List(cmd.Context(), f, fleet.Selector{Prefix: prefix}, g.options(rd))
-			if err != nil {
-				return err
+			default:
+				if st, err = fleet.List(cmd.Context(), f, fleet.Selector{Prefix: prefix}, g.options(rd)); err != nil {
+					return err
+				}
 			}
 			if output == "json" {
 				enc := json.NewEncoder(g.stdout)
