@@ -3,8 +3,8 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"os"
 	"io"
+	"os"
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"

@@ -3,9 +3,9 @@ package cli
 import (
 	"encoding/json"
 	"errors"
-	"os"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 
