@@ -224,7 +224,7 @@ func checkSysctl(e *Environment) []Finding {
 	f.Summary = fmt.Sprintf("a lookup under /proc/sys/net takes %v, %.1fx a fresh procfs instance (%v)", shared.Round(time.Microsecond), ratio, private.Round(time.Microsecond))
 	f.Evidence = []string{"timed in new network namespaces: open /proc/sys/net/ipv4/ip_forward, best of 3"}
 	switch {
-	case shared >= 2*time.Millisecond && ratio >= 10:
+	case shared >= time.Millisecond && ratio >= 10:
 		f.Severity = Warn
 	case shared >= 200*time.Microsecond && ratio >= 5:
 		f.Severity = Info
