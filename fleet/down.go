@@ -109,7 +109,13 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 	// host veths: cheap, since the host is asked about each lo by nsid.
 	targets := make([]*target, len(pins))
 	var stale atomic.Int64
-	parallel(ctx, opts.workers(len(pins)), len(pins), func(c *rtnl.Conn, i int) {
+	// The checks mostly wait in the kernel: more workers than CPUs help
+	// (5,000 routers: pins gone at 0.98 s with 2, 0.77 s with 4 or 8).
+	checkers := opts.Workers
+	if checkers <= 0 {
+		checkers = min(4*DefaultWorkers(), 16)
+	}
+	parallel(ctx, min(checkers, max(len(pins), 1)), len(pins), func(c *rtnl.Conn, i int) {
 		p := pins[i]
 		fail := func(a Action, err error) {
 			t.add(Result{Name: p.Name, Action: a, Err: &Error{Op: "down", Namespace: p.Name, Err: err}})
