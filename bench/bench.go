@@ -19,8 +19,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"os"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -131,6 +133,17 @@ func Names() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// ownUserNamespace starts a helper in a user namespace of its own, with
+// nsfleet's user mapped to root there: it may lower namespace limits
+// without touching the host's.
+func ownUserNamespace() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}},
+	}
 }
 
 func pick(all, want []string) ([]string, error) {

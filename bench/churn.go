@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -75,11 +74,7 @@ func (c churn) Run(ctx context.Context, o Options, run *Run) error {
 
 func (c churn) once(ctx context.Context, o Options, cfg map[string]string, rep int, run *Run) error {
 	cmd := exec.CommandContext(ctx, "/proc/self/exe", ChurnHelperArg, cfg["type"], strconv.Itoa(o.N), strconv.Itoa(o.Mark), strconv.Itoa(ChurnLimit))
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}},
-	}
+	cmd.SysProcAttr = ownUserNamespace()
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nsfleet/nsfleet/netns"
@@ -182,11 +181,7 @@ const UeventHelperArg = "__nsfleet-uevent-helper"
 // usernsListeners starts the helper and waits until its K namespaces listen.
 func usernsListeners(ctx context.Context, k int) (stop func(), err error) {
 	cmd := exec.CommandContext(ctx, "/proc/self/exe", UeventHelperArg, fmt.Sprint(k))
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}},
-	}
+	cmd.SysProcAttr = ownUserNamespace()
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

@@ -129,16 +129,8 @@ func checkMounts(e *Environment) []Finding {
 	var out []Finding
 	n := len(e.Mounts)
 	f := Finding{Check: CheckMounts, Severity: OK, Summary: fmt.Sprintf("%d mounts in this mount namespace (fs.mount-max %d)", n, e.MountMax)}
-	if e.MountMax > 0 {
-		switch r := float64(n) / float64(e.MountMax); {
-		case r >= 0.95:
-			f.Severity = Fail
-		case r >= 0.8:
-			f.Severity = Warn
-		}
-		if f.Severity > OK {
-			f.Advice = "each pin is a mount: raise fs.mount-max or delete unused namespaces before new mounts (and new namespaces) fail with ENOSPC"
-		}
+	if f.Severity = againstLimit(n, e.MountMax); f.Severity > OK {
+		f.Advice = "each pin is a mount: raise fs.mount-max or delete unused namespaces before new mounts (and new namespaces) fail with ENOSPC"
 	}
 	out = append(out, f)
 	rf := Finding{Check: CheckMounts, Severity: OK,
@@ -188,17 +180,9 @@ func checkHeadroom(e *Environment) []Finding {
 	f.Summary = fmt.Sprintf("%s found alive, limit user.max_net_namespaces %d", plural(live, "network namespace", "network namespaces"), e.MaxNetNamespaces)
 	f.Evidence = []string{fmt.Sprintf("%d pinned, %d used by a process, %d held only by an open descriptor; %d owned by other user namespaces (not counted)", pinned, procs, len(fdOnly), others),
 		"namespaces held only inside the kernel (a socket, a namespace being freed) are not visible without listns(), which this kernel lacks"}
-	if e.MaxNetNamespaces > 0 {
-		switch r := float64(live) / float64(e.MaxNetNamespaces); {
-		case r >= 0.95:
-			f.Severity = Fail
-		case r >= 0.8:
-			f.Severity = Warn
-		}
-		if f.Severity > OK {
-			f.Advice = "new namespaces will fail with ENOSPC; namespaces being freed still count, so creating right after deleting many can fail too. Raise user.max_net_namespaces or delete unused namespaces and wait for the kernel (nsfleet down waits)"
-			f.Source = thread004
-		}
+	if f.Severity = againstLimit(live, e.MaxNetNamespaces); f.Severity > OK {
+		f.Advice = "new namespaces will fail with ENOSPC; namespaces being freed still count, so creating right after deleting many can fail too. Raise user.max_net_namespaces or delete unused namespaces and wait for the kernel (nsfleet down waits)"
+		f.Source = thread004
 	}
 	out = append(out, f)
 	if len(fdOnly) > 0 {
@@ -397,6 +381,20 @@ func checkBridges(e *Environment) []Finding {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Summary < out[j].Summary })
 	return out
+}
+
+// againstLimit grades a count against a kernel limit: warn from 80%, fail
+// from 95%; ok when the limit is unknown.
+func againstLimit(n, limit int) Severity {
+	switch {
+	case limit <= 0:
+		return OK
+	case float64(n) >= 0.95*float64(limit):
+		return Fail
+	case float64(n) >= 0.8*float64(limit):
+		return Warn
+	}
+	return OK
 }
 
 func orDash(s string) string {

@@ -5,7 +5,6 @@ import (
 
 	"github.com/nsfleet/nsfleet/fleet"
 	"github.com/nsfleet/nsfleet/netns"
-	"github.com/nsfleet/nsfleet/rtnl"
 	"golang.org/x/sys/unix"
 )
 
@@ -58,17 +57,7 @@ func collapse(e *Environment, p netns.PinInfo) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	owned := false
-	err = netns.Do(h, func() error {
-		c, err := rtnl.OpenLite()
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		lo, err := c.LinkByIndex(rtnl.LoopbackIndex)
-		owned = err == nil && lo.Alias == fleet.Marker
-		return err
-	})
+	owned, err := fleet.IsOwned(h)
 	h.Close()
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", path, err)

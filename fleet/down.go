@@ -329,7 +329,7 @@ func check(rd *netns.RunDir, c *rtnl.Conn, name string, byNsID map[int]map[int]s
 		}
 	}
 	if !asked {
-		if owned, err = isOwned(h); err != nil {
+		if owned, err = IsOwned(h); err != nil {
 			return nil, err
 		}
 	}
@@ -339,21 +339,14 @@ func check(rd *netns.RunDir, c *rtnl.Conn, name string, byNsID map[int]map[int]s
 	return tg, nil
 }
 
-// isOwned reports whether the namespace's lo carries the Marker.
-func isOwned(h *netns.NS) (bool, error) {
+// IsOwned reports whether the namespace's lo carries the Marker, that is,
+// whether nsfleet made (or adopted) it.
+func IsOwned(h *netns.NS) (bool, error) {
 	var owned bool
-	err := netns.Do(h, func() error {
-		in, err := rtnl.Open()
-		if err != nil {
-			return err
-		}
-		defer in.Close()
+	err := rtnl.Inside(h, rtnl.OpenLite, func(in *rtnl.Conn) error {
 		lo, err := in.LinkByIndex(rtnl.LoopbackIndex)
-		if err != nil {
-			return err
-		}
-		owned = lo.Alias == Marker
-		return nil
+		owned = err == nil && lo.Alias == Marker
+		return err
 	})
 	return owned, err
 }

@@ -187,12 +187,8 @@ func inspect(rd *netns.RunDir, host *rtnl.Conn, snap *snapshot, hostByIndex map[
 		defer proc.Close()
 	}
 	var fixes []Fix
-	err = netns.Do(h, func() error {
-		in, err := rtnl.Open()
-		if err != nil {
-			return err
-		}
-		defer in.Close()
+	err = rtnl.Inside(h, rtnl.Open, func(in *rtnl.Conn) error {
+		var err error
 		if want == nil {
 			obs.Links, err = in.Links()
 			return err

@@ -449,12 +449,8 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 		return res
 	}
 	var fixes []Fix
-	err = netns.Do(h, func() error {
-		in, err := rtnl.Open()
-		if err != nil {
-			return err
-		}
-		defer in.Close()
+	err = rtnl.Inside(h, rtnl.Open, func(in *rtnl.Conn) error {
+		var err error
 		if err := observe(in, w.proc, ns, &obs); err != nil {
 			return err
 		}

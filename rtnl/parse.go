@@ -110,11 +110,12 @@ func cstring(b []byte) string {
 // getLinks sends an RTM_GETLINK (a dump when index is 0) and parses the
 // replies; an interrupted dump is retried with backoff.
 func (c *Conn) getLinks(index int, name string, nsid int) ([]Link, error) {
-	for try := 0; try < dumpRetries; try++ {
-		flags := unix.NLM_F_ACK
-		if index == 0 && name == "" {
-			flags = unix.NLM_F_DUMP
-		}
+	flags := unix.NLM_F_ACK
+	if index == 0 && name == "" {
+		flags = unix.NLM_F_DUMP
+	}
+	var out []Link
+	err := retryDump(func() error {
 		req := c.request(unix.RTM_GETLINK, flags)
 		msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 		msg.Index = int32(index)
@@ -126,7 +127,7 @@ func (c *Conn) getLinks(index int, name string, nsid int) ([]Link, error) {
 		if nsid >= 0 {
 			req.AddData(nl.NewRtAttr(unix.IFLA_TARGET_NETNSID, nl.Uint32Attr(uint32(nsid))))
 		}
-		var out []Link
+		out = out[:0]
 		var perr error
 		err := req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWLINK, func(m []byte) bool {
 			l, err := parseLink(m)
@@ -137,17 +138,13 @@ func (c *Conn) getLinks(index int, name string, nsid int) ([]Link, error) {
 			out = append(out, l)
 			return true
 		})
-		if errors.Is(err, nl.ErrDumpInterrupted) {
-			backoff(try)
-			continue
-		}
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if perr != nil {
-			return nil, perr
-		}
-		return out, nil
+		return perr
+	})
+	if err != nil {
+		return nil, err
 	}
-	return nil, ErrDumpInterrupted
+	return out, nil
 }

@@ -21,9 +21,10 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/nsfleet/nsfleet/netns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
-	"github.com/vishvananda/netns"
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -36,6 +37,32 @@ const dumpRetries = 40
 // backoff sleeps before retry number try (0-based) of an interrupted dump.
 func backoff(try int) {
 	time.Sleep(time.Millisecond << min(try, 7))
+}
+
+// retryDump runs one dump until it is not interrupted, at most dumpRetries
+// times with back-off.
+func retryDump(dump func() error) error {
+	for try := 0; try < dumpRetries; try++ {
+		err := dump()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) && !errors.Is(err, nl.ErrDumpInterrupted) {
+			return err
+		}
+		backoff(try)
+	}
+	return ErrDumpInterrupted
+}
+
+// Inside runs fn with a Conn opened (by open: Open or OpenLite) inside ns,
+// on a thread switched into it by netns.Do; the Conn is closed afterwards.
+func Inside(ns *netns.NS, open func() (*Conn, error), fn func(*Conn) error) error {
+	return netns.Do(ns, func() error {
+		c, err := open()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return fn(c)
+	})
 }
 
 // IsInterrupted reports whether err means that every retry of a dump was
@@ -77,7 +104,7 @@ func Open() (*Conn, error) {
 // SetLoopback, AddVeth, SetUp, SetAlias, SetMTU, DeleteLink) but not
 // addresses, routes or NsID. It costs one socket.
 func OpenLite() (*Conn, error) {
-	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_ROUTE)
+	s, err := nl.GetNetlinkSocketAt(vnetns.None(), vnetns.None(), unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("netlink socket: %w", err)
 	}
@@ -338,30 +365,20 @@ func (c *Conn) Addrs() (map[int][]netip.Prefix, error) {
 	if err := c.full(); err != nil {
 		return nil, err
 	}
-	for try := 0; try < dumpRetries; try++ {
-		as, err := c.h.AddrList(nil, unix.AF_UNSPEC)
-		if errors.Is(err, netlink.ErrDumpInterrupted) {
-			backoff(try)
+	var as []netlink.Addr
+	if err := retryDump(func() (err error) { as, err = c.h.AddrList(nil, unix.AF_UNSPEC); return err }); err != nil {
+		return nil, fmt.Errorf("dump addresses: %w", err)
+	}
+	out := map[int][]netip.Prefix{}
+	for _, a := range as {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
 			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("dump addresses: %w", err)
-		}
-		out := map[int][]netip.Prefix{}
-		for _, a := range as {
-			ip, ok := netip.AddrFromSlice(a.IP)
-			if !ok {
-				continue
-			}
-			if ip.Is4In6() {
-				ip = ip.Unmap()
-			}
-			ones, _ := a.Mask.Size()
-			out[a.LinkIndex] = append(out[a.LinkIndex], netip.PrefixFrom(ip, ones))
-		}
-		return out, nil
+		ones, _ := a.Mask.Size()
+		out[a.LinkIndex] = append(out[a.LinkIndex], netip.PrefixFrom(ip.Unmap(), ones))
 	}
-	return nil, fmt.Errorf("dump addresses: %w", ErrDumpInterrupted)
+	return out, nil
 }
 
 // Route is a unicast route in the main table.
@@ -391,37 +408,33 @@ func (c *Conn) Routes() ([]Route, error) {
 	if err := c.full(); err != nil {
 		return nil, err
 	}
-	for try := 0; try < dumpRetries; try++ {
-		rs, err := c.h.RouteListFiltered(unix.AF_UNSPEC, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-		if errors.Is(err, netlink.ErrDumpInterrupted) {
-			backoff(try)
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("dump routes: %w", err)
-		}
-		out := make([]Route, 0, len(rs))
-		for _, r := range rs {
-			var rt Route
-			rt.Index = r.LinkIndex
-			if r.Dst != nil {
-				ip, _ := netip.AddrFromSlice(r.Dst.IP)
-				ones, _ := r.Dst.Mask.Size()
-				rt.To = netip.PrefixFrom(ip.Unmap(), ones)
-			} else if r.Family == unix.AF_INET6 {
-				rt.To = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
-			} else {
-				rt.To = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
-			}
-			if r.Gw != nil {
-				gw, _ := netip.AddrFromSlice(r.Gw)
-				rt.Via = gw.Unmap()
-			}
-			out = append(out, rt)
-		}
-		return out, nil
+	var rs []netlink.Route
+	if err := retryDump(func() (err error) {
+		rs, err = c.h.RouteListFiltered(unix.AF_UNSPEC, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("dump routes: %w", err)
 	}
-	return nil, fmt.Errorf("dump routes: %w", ErrDumpInterrupted)
+	out := make([]Route, 0, len(rs))
+	for _, r := range rs {
+		rt := Route{Index: r.LinkIndex}
+		switch {
+		case r.Dst != nil:
+			ip, _ := netip.AddrFromSlice(r.Dst.IP)
+			ones, _ := r.Dst.Mask.Size()
+			rt.To = netip.PrefixFrom(ip.Unmap(), ones)
+		case r.Family == unix.AF_INET6:
+			rt.To = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+		default:
+			rt.To = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		}
+		if r.Gw != nil {
+			gw, _ := netip.AddrFromSlice(r.Gw)
+			rt.Via = gw.Unmap()
+		}
+		out = append(out, rt)
+	}
+	return out, nil
 }
 
 // NsID returns the id this namespace uses for the namespace open as fd, or

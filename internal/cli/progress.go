@@ -64,11 +64,7 @@ func (p *progress) set(done, total int) {
 	p.add(done - p.done)
 }
 
-func (p *progress) add(n ...int) {
-	step := 1
-	if len(n) > 0 {
-		step = n[0]
-	}
+func (p *progress) add(step int) {
 	if step <= 0 {
 		return
 	}

@@ -56,7 +56,7 @@ summary and exits with code 130; the next up carries on.`,
 			prog := newProgress(g.stderr, verb, len(f.Namespaces), progressMode)
 			var failures []fleet.Result
 			opts.OnResult = func(r fleet.Result) {
-				prog.add()
+				prog.add(1)
 				if r.Err != nil {
 					failures = append(failures, r)
 					prog.printAbove(r.Err.Error())
