@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
 )
@@ -63,7 +64,9 @@ type DownReport struct {
 	StaleRemove int      // pin files without a namespace, removed
 }
 
-// unpinners is how many goroutines unpin at once (see Down).
+// unpinners is how many goroutines unpin at once (see Down). Unpinning
+// holds no descriptor (umount and unlink by path), so the limit does not
+// bound it.
 const unpinners = 16
 
 type target struct {
@@ -193,7 +196,7 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 			progMu.Unlock()
 		}
 	}
-	parallel(ctx, min(unpinners, len(live)), len(live), func(_ *rtnl.Conn, i int) {
+	pool.Each(ctx, len(live), unpinners, func(i int) {
 		tg := live[i]
 		defer func() { progress("delete", int(unpinned.Add(1)), len(live)) }()
 		if err := rd.Unpin(tg.name); err != nil {
@@ -274,31 +277,24 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 	return rep, nil
 }
 
-// parallel runs fn(i) for i in [0,n) on w workers, each with its own host
-// netlink socket, until done or ctx is cancelled.
+// parallel runs fn(c, i) for i in [0,n) on at most w workers (fewer if
+// the descriptor limit says so, see package pool), each with its own host
+// netlink socket, until done or ctx is cancelled. fn copes with a nil
+// socket: it only loses the host-side bookkeeping.
 func parallel(ctx context.Context, w, n int, fn func(c *rtnl.Conn, i int)) {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for k := 0; k < w; k++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := rtnl.Open()
-			if err != nil {
-				c = nil // fn copes: it only loses the veth bookkeeping
-			}
-			defer c.Close()
-			for ctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				fn(c, i)
-			}
-		}()
-	}
-	wg.Wait()
+	w = pool.Fit(w, fdsPerChecker)
+	pool.Run(ctx, n, w, func() (*rtnl.Conn, error) {
+		c, err := pool.RetryValue(rtnl.Open)
+		if err != nil {
+			return nil, nil
+		}
+		return c, nil
+	}, (*rtnl.Conn).Close, fn)
 }
+
+// fdsPerChecker is what one parallel worker holds at most at once: its host
+// socket pair, a pin, and inside the namespace its own handle and socket.
+const fdsPerChecker = 6
 
 // check opens a pinned namespace, makes sure it is nsfleet's (or adopt),
 // and returns it with its host veths. It asks the host about the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/proc"
 	"github.com/nsfleet/nsfleet/rtnl"
@@ -98,7 +99,15 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 	}
 
 	out := make([]Status, len(names))
-	parallel(ctx, opts.workers(len(names)), len(names), func(c *rtnl.Conn, i int) {
+	needProc := false
+	if f != nil {
+		for i := range f.Namespaces {
+			needProc = needProc || len(f.Namespaces[i].Sysctls) > 0
+		}
+	}
+	pool.Run(ctx, len(names), pool.Fit(opts.workers(len(names)), fdsPerChecker+1), func() (*reader, error) {
+		return openReader(needProc), nil
+	}, (*reader).close, func(r *reader, i int) {
 		name := names[i]
 		st := &out[i]
 		st.Name = name
@@ -119,7 +128,7 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		if f != nil {
 			want, _ = f.Lookup(name)
 		}
-		if err := inspect(rd, c, snap, hostByIndex, want, st); err != nil {
+		if err := inspect(rd, r, snap, hostByIndex, want, st); err != nil {
 			st.State, st.Error = StateError, err.Error()
 		}
 		procStates(opts.Store, want, st)
@@ -167,7 +176,35 @@ func procStates(store *proc.Store, want *spec.Namespace, st *Status) {
 	}
 }
 
-func inspect(rd *netns.RunDir, host *rtnl.Conn, snap *snapshot, hostByIndex map[int]rtnl.Link, want *spec.Namespace, st *Status) error {
+// reader is one List worker's host socket and procfs instance (rotated as
+// package sysctl says, never one per namespace). Either may be nil: the
+// host socket only adds the host ends of veths; procfs is needed only for
+// a spec with sysctls.
+type reader struct {
+	host *rtnl.Conn
+	proc *sysctl.Procfs
+}
+
+func openReader(needProc bool) *reader {
+	r := &reader{}
+	if c, err := pool.RetryValue(rtnl.Open); err == nil {
+		r.host = c
+	}
+	if needProc {
+		if p, err := sysctl.Open(); err == nil {
+			r.proc = p
+		}
+	}
+	return r
+}
+
+func (r *reader) close() {
+	r.host.Close()
+	r.proc.Close()
+}
+
+func inspect(rd *netns.RunDir, r *reader, snap *snapshot, hostByIndex map[int]rtnl.Link, want *spec.Namespace, st *Status) error {
+	host := r.host
 	h, err := rd.Open(st.Name)
 	if err != nil {
 		return err
@@ -179,12 +216,14 @@ func inspect(rd *netns.RunDir, host *rtnl.Conn, snap *snapshot, hostByIndex map[
 			return err
 		}
 	}
-	var proc *sysctl.Procfs
+	proc := r.proc
 	if want != nil && len(want.Sysctls) > 0 {
-		if proc, err = sysctl.Open(); err != nil {
+		if proc == nil {
+			return errors.New("no procfs instance to read sysctls with")
+		}
+		if err := proc.NextNamespace(); err != nil {
 			return err
 		}
-		defer proc.Close()
 	}
 	var fixes []Fix
 	err = rtnl.Inside(h, rtnl.Open, func(in *rtnl.Conn) error {

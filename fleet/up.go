@@ -6,10 +6,9 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/proc"
 	"github.com/nsfleet/nsfleet/rtnl"
@@ -57,42 +56,24 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 	}
 
 	t := newTally(len(f.Namespaces), opts.Mark, opts.OnResult)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	nw := opts.workers(len(f.Namespaces))
-	setupErrs := make([]error, nw)
-	for wi := 0; wi < nw; wi++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w, err := newWorker(rd, snap, &opts)
-			if err != nil {
-				setupErrs[wi] = err
-				return
-			}
-			defer w.close()
-			for ctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= len(f.Namespaces) {
-					return
-				}
-				ns := &f.Namespaces[i]
-				r := w.up(ns, pins[ns.Name])
-				if r.Err != nil {
-					log.Debug(string(r.Action), "namespace", ns.Name, "err", r.Err)
-				} else {
-					log.Debug(string(r.Action), "namespace", ns.Name, "steps", strings.Join(r.Fixes, "; "))
-				}
-				t.add(r)
-			}
-		}()
-	}
-	wg.Wait()
+	nw := pool.Fit(opts.workers(len(f.Namespaces)), fdsPerUpWorker)
+	setupErr := pool.Run(ctx, len(f.Namespaces), nw, func() (*worker, error) {
+		return newWorker(rd, snap, &opts)
+	}, (*worker).close, func(w *worker, i int) {
+		ns := &f.Namespaces[i]
+		r := w.up(ns, pins[ns.Name])
+		if r.Err != nil {
+			log.Debug(string(r.Action), "namespace", ns.Name, "err", r.Err)
+		} else {
+			log.Debug(string(r.Action), "namespace", ns.Name, "steps", strings.Join(r.Fixes, "; "))
+		}
+		t.add(r)
+	})
 	if n := netns.ThreadsDiscarded(); n > 0 {
 		log.Debug("threads discarded after namespace work (normal inside a user namespace)", "count", n)
 	}
-	if err := errors.Join(setupErrs...); err != nil && t.done == 0 {
-		return t.finish(false), fmt.Errorf("up: %w", err)
+	if setupErr != nil {
+		return t.finish(false), fmt.Errorf("up: %w", setupErr)
 	}
 	return t.finish(ctx.Err() != nil), nil
 }
@@ -203,6 +184,12 @@ func linksByName(c *rtnl.Conn, f *spec.Fleet) ([]rtnl.Link, error) {
 	return out, nil
 }
 
+// fdsPerUpWorker is what one Up worker holds at most at once: its host
+// socket pair and procfs; while creating, its own namespace, the new one
+// and a socket pair inside; the pin and its mount tree; while starting a
+// process, its log, /dev/null, the exec pipe and a pidfd.
+const fdsPerUpWorker = 14
+
 // worker owns one host netlink socket and one private procfs.
 type worker struct {
 	rd   *netns.RunDir
@@ -213,11 +200,11 @@ type worker struct {
 }
 
 func newWorker(rd *netns.RunDir, snap *snapshot, opts *Options) (*worker, error) {
-	host, err := rtnl.Open()
+	host, err := pool.RetryValue(rtnl.Open)
 	if err != nil {
 		return nil, err
 	}
-	proc, err := sysctl.Open()
+	proc, err := pool.RetryValue(sysctl.Open)
 	if err != nil {
 		host.Close()
 		return nil, err

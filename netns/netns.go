@@ -43,6 +43,7 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"golang.org/x/sys/unix"
 )
 
@@ -82,7 +83,7 @@ var ErrNotNamespace = errors.New("not a network namespace")
 
 // OpenPath opens the namespace at path (a pin, or /proc/PID/ns/net).
 func OpenPath(path string) (*NS, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := open(path, unix.O_RDONLY|unix.O_CLOEXEC)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
@@ -119,6 +120,11 @@ func fromFd(fd int) (*NS, error) {
 // and Do that is the namespace nsfleet was started in.
 func Current() (*NS, error) {
 	return OpenPath("/proc/thread-self/ns/net")
+}
+
+// open is open(2) that waits out a lack of descriptors (see pool.Retry).
+func open(path string, flags int) (int, error) {
+	return pool.RetryValue(func() (int, error) { return unix.Open(path, flags, 0) })
 }
 
 // discarded counts threads that could not be switched back.

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/nsfleet/nsfleet/internal/lockfile"
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"golang.org/x/sys/unix"
 )
 
@@ -168,7 +170,7 @@ func (d *RunDir) Pin(name string, ns *NS) error {
 		return err
 	}
 	p := d.PinPath(name)
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	fd, err := open(p, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW)
 	if errors.Is(err, unix.EEXIST) {
 		if serr := d.checkStale(name); serr != nil {
 			return serr
@@ -194,7 +196,9 @@ func (d *RunDir) Pin(name string, ns *NS) error {
 // bindNS bind-mounts the namespace onto path, with the mount API when the
 // kernel has it (no path lookup through /proc), else with mount(2).
 func bindNS(ns *NS, path string) error {
-	tree, err := unix.OpenTree(ns.fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	tree, err := pool.RetryValue(func() (int, error) {
+		return unix.OpenTree(ns.fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	})
 	if err != nil {
 		// Before 5.2, or where seccomp forbids it.
 		return unix.Mount(ns.Path(), path, "none", unix.MS_BIND, "")
@@ -275,7 +279,7 @@ func (d *RunDir) Open(name string) (*NS, error) {
 		return nil, err
 	}
 	p := d.PinPath(name)
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	fd, err := open(p, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW)
 	if err != nil {
 		if errors.Is(err, unix.ELOOP) {
 			return nil, fmt.Errorf("open %s: %w", p, ErrSymlink)
@@ -373,12 +377,10 @@ func checkName(name string) error {
 }
 
 // Lock is nsfleet's exclusive claim on a run dir: two nsfleet runs on one run
-// dir never interleave. It is a flock on a file beside the run dir (not in
-// it: `ip netns list` would show it, and iproute2 briefly flocks the run dir
+// dir never interleave. It is a lock file beside the run dir (not in it:
+// `ip netns list` would show it, and iproute2 briefly flocks the run dir
 // itself).
-type Lock struct {
-	f *os.File
-}
+type Lock struct{ l *lockfile.Lock }
 
 // ErrLocked is returned when another nsfleet holds the lock.
 var ErrLocked = errors.New("another nsfleet is working on this run dir")
@@ -391,35 +393,21 @@ func (d *RunDir) LockPath() string {
 // Lock takes the run dir's lock. With wait false it fails at once with
 // ErrLocked (naming the holder's PID) when another nsfleet holds it.
 func (d *RunDir) Lock(wait bool) (*Lock, error) {
-	p := d.LockPath()
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	l, err := lockfile.Acquire(d.LockPath(), wait)
+	var held *lockfile.HeldError
+	if errors.As(err, &held) {
+		return nil, fmt.Errorf("%w (lock %s held by pid %s); wait for it or pass --wait-lock", ErrLocked, held.Path, held.PID)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", p, err)
+		return nil, err
 	}
-	how := unix.LOCK_EX
-	if !wait {
-		how |= unix.LOCK_NB
-	}
-	if err := unix.Flock(int(f.Fd()), how); err != nil {
-		holder, _ := os.ReadFile(p)
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w (lock %s held by pid %s); wait for it or pass --wait-lock", ErrLocked, p, strings.TrimSpace(string(holder)))
-		}
-		return nil, fmt.Errorf("lock %s: %w", p, err)
-	}
-	f.Truncate(0)
-	f.WriteAt([]byte(fmt.Sprintf("%d\n", os.Getpid())), 0)
-	return &Lock{f: f}, nil
+	return &Lock{l: l}, nil
 }
 
 // Unlock releases the lock. The kernel releases it too if the process dies.
 func (l *Lock) Unlock() error {
-	if l == nil || l.f == nil {
+	if l == nil {
 		return nil
 	}
-	l.f.Truncate(0)
-	err := l.f.Close()
-	l.f = nil
-	return err
+	return l.l.Release()
 }

@@ -54,9 +54,12 @@ type Options struct {
 	// Setpgid puts the command in a process group of its own (supervised
 	// daemons: a signal to the group reaches their children too).
 	Setpgid bool
-	// Self is the nsfleet executable used as the MountNS helper; empty
-	// means /proc/self/exe.
+	// Self is the nsfleet executable used as the MountNS or privileges
+	// helper; empty means /proc/self/exe.
 	Self string
+	// Privileges, when they restrict anything, start the command through
+	// the privileges helper, which drops them and execs it.
+	Privileges Privileges
 }
 
 // Command builds, without starting it, the *exec.Cmd that Start would start.
@@ -65,11 +68,22 @@ func Command(argv []string, opts Options) (*exec.Cmd, error) {
 		return nil, errors.New("no command")
 	}
 	var cmd *exec.Cmd
-	if opts.MountNS {
-		self := opts.Self
-		if self == "" {
-			self = "/proc/self/exe"
+	self := opts.Self
+	if self == "" {
+		self = "/proc/self/exe"
+	}
+	switch {
+	case opts.MountNS && opts.Privileges.Restricts():
+		return nil, errors.New("a command cannot have both a mount namespace and restricted privileges")
+	case opts.Privileges.Restricts():
+		settings, err := opts.Privileges.helperArgs()
+		if err != nil {
+			return nil, err
 		}
+		args := append(append(append([]string{PrivilegesHelperArg}, settings...), "--"), argv...)
+		cmd = exec.Command(self, args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	case opts.MountNS:
 		if opts.Name == "" {
 			return nil, errors.New("mount namespace mode needs the namespace's name")
 		}
@@ -78,7 +92,7 @@ func Command(argv []string, opts Options) (*exec.Cmd, error) {
 		// its own at clone time (Unshareflags would make / private, not
 		// slave as iproute2 does).
 		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
-	} else {
+	default:
 		path, err := exec.LookPath(argv[0])
 		if err != nil {
 			return nil, err

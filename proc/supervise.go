@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/spec"
 	"golang.org/x/sys/unix"
@@ -156,27 +157,38 @@ func Alive(r *Record) bool {
 func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int) (*Record, *exec.Cmd, error) {
 	logPath := s.LogPath(nsName, p.Name)
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("process %s: log: %w", p.Name, err)
 	}
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	logf, err := pool.RetryValue(func() (*os.File, error) {
+		return os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("process %s: log: %w", p.Name, err)
 	}
 	defer logf.Close()
-	devnull, err := os.Open(os.DevNull)
+	// A log that cannot be written is a start that failed: a daemon whose
+	// output vanishes is worse than one that is reported not running.
+	if _, err := fmt.Fprintf(logf, "--- nsfleet: starting %s in %s: %s\n", p.Name, nsName, strings.Join(p.Command, " ")); err != nil {
+		return nil, nil, fmt.Errorf("process %s: log %s: %w", p.Name, logPath, err)
+	}
+	devnull, err := pool.RetryValue(func() (*os.File, error) { return os.Open(os.DevNull) })
 	if err != nil {
 		return nil, nil, err
 	}
 	defer devnull.Close()
-	cmd, err := Command(p.Command, Options{Stdin: devnull, Stdout: logf, Stderr: logf})
+	// A Cmd that failed to start cannot be started again: build it anew
+	// for each try.
+	cmd, err := pool.RetryValue(func() (*exec.Cmd, error) {
+		cmd, err := Command(p.Command, Options{Stdin: devnull, Stdout: logf, Stderr: logf, Privileges: PrivilegesOf(p)})
+		if err != nil {
+			return nil, err
+		}
+		// A session of its own: no controlling terminal, and the whole
+		// group can be signalled at once (daemons fork).
+		cmd.SysProcAttr.Setsid = true
+		return cmd, Start(ns, cmd)
+	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("process %s: %w", p.Name, err)
-	}
-	// A session of its own: no controlling terminal, and the whole group
-	// can be signalled at once (daemons fork).
-	cmd.SysProcAttr.Setsid = true
-	fmt.Fprintf(logf, "--- nsfleet: starting %s in %s: %s\n", p.Name, nsName, strings.Join(p.Command, " "))
-	if err := Start(ns, cmd); err != nil {
 		return nil, nil, fmt.Errorf("process %s: %w", p.Name, err)
 	}
 	r := &Record{Namespace: nsName, Name: p.Name, PID: cmd.Process.Pid, NetNS: ns.Inode(), Restarts: restarts, Started: time.Now(), Command: p.Command}

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
+	"github.com/nsfleet/nsfleet/internal/lockfile"
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/spec"
 	"golang.org/x/sys/unix"
@@ -18,7 +18,10 @@ import (
 
 // SuperviseOptions tune Supervise. The zero value means the defaults.
 type SuperviseOptions struct {
-	Tick       time.Duration // how often processes are checked; 0: 500 ms
+	// Tick is how often due restarts, new namespaces, log sizes and the
+	// processes watched without a pidfd are checked; 0: 500 ms. Exits of
+	// processes with a pidfd are seen at once.
+	Tick       time.Duration
 	Backoff    time.Duration // first restart delay; 0: 1 s
 	MaxBackoff time.Duration // 0: 60 s
 	// A process that ran at least this long before it exited is restarted
@@ -27,167 +30,290 @@ type SuperviseOptions struct {
 	Log        *slog.Logger
 }
 
-func (o *SuperviseOptions) defaults() {
-	if o.Tick <= 0 {
-		o.Tick = 500 * time.Millisecond
-	}
-	if o.Backoff <= 0 {
-		o.Backoff = time.Second
-	}
-	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = time.Minute
-	}
-	if o.ResetAfter <= 0 {
-		o.ResetAfter = 30 * time.Second
-	}
-	if o.Log == nil {
-		o.Log = slog.New(slog.DiscardHandler)
-	}
-}
-
 // ErrSupervised is returned when another supervisor holds the store.
 var ErrSupervised = errors.New("another nsfleet supervise is running for this run dir")
 
+// pidfdReserve is how many descriptors the supervisor leaves free for
+// starting processes when it decides whether to watch one more by pidfd.
+const pidfdReserve = 24
+
 // watched is what the supervisor knows of one process beyond its record.
 type watched struct {
-	cmd      *exec.Cmd  // set when this supervisor started it (its child)
-	exited   chan error // receives cmd.Wait's result
-	failures int        // consecutive quick exits, for the backoff
-	next     time.Time  // not restarted before this
-	done     bool       // exited and, by its policy, stays down
+	ns    *spec.Namespace
+	p     spec.Process
+	pid   int       // the live process watched; 0: none
+	start time.Time // when it started (from its record)
+	pidfd int       // -1: none (descriptor budget spent): the tick checks /proc
+	child bool      // started by this supervisor: it reaps it and knows its status
+	rec   *Record
+
+	failures int
+	next     time.Time // earliest next start; zero: due now
+	done     bool      // exited and, by its policy, stays down
+	reaped   *unix.WaitStatus // status reaped by a check without pidfd
+}
+
+// supervisor is the state of one Supervise call.
+type supervisor struct {
+	s      *Store
+	rd     *netns.RunDir
+	policy Policy
+	log    *slog.Logger
+	exits  *exitWatch
+	procs  []*watched
+	budget int // pidfds that may still be opened
 }
 
 // Supervise keeps the fleet's processes running until ctx is cancelled. On
 // start it adopts processes that are still running (from an earlier up or a
-// supervisor that died) instead of starting duplicates. A process marked
-// stopped (by down) is left alone. Processes keep running when
-// the supervisor stops: they are not its to end.
+// supervisor that died) instead of starting duplicates. It learns of exits
+// from pidfds (one epoll set, no polling); past the descriptor budget it
+// falls back to checking /proc every tick. A process marked stopped (by
+// down) is left alone. Logs are rotated by size. Processes keep running
+// when the supervisor stops: they are not its to end.
 func (s *Store) Supervise(ctx context.Context, f *spec.Fleet, rd *netns.RunDir, opts SuperviseOptions) error {
-	opts.defaults()
-	lock, err := s.lock()
+	if opts.Tick <= 0 {
+		opts.Tick = 500 * time.Millisecond
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return err
+	}
+	lock, err := lockfile.Acquire(filepath.Join(s.Dir, "supervise.lock"), false)
+	var held *lockfile.HeldError
+	if errors.As(err, &held) {
+		return fmt.Errorf("%w (pid %s)", ErrSupervised, held.PID)
+	}
 	if err != nil {
 		return err
 	}
-	defer lock.Close()
-	state := map[string]*watched{}
+	defer lock.Release()
+	exits, err := newExitWatch()
+	if err != nil {
+		return fmt.Errorf("exit watch: %w", err)
+	}
+	defer exits.close()
+	sv := &supervisor{s: s, rd: rd, exits: exits, log: opts.Log,
+		policy: Policy{Backoff: opts.Backoff, MaxBackoff: opts.MaxBackoff, ResetAfter: opts.ResetAfter},
+		budget: pool.Limit() - pool.Open() - pidfdReserve}
+	for i := range f.Namespaces {
+		ns := &f.Namespaces[i]
+		for _, p := range ns.Processes {
+			sv.procs = append(sv.procs, &watched{ns: ns, p: p, pidfd: -1})
+		}
+	}
+	defer sv.release()
 	t := time.NewTicker(opts.Tick)
 	defer t.Stop()
+	lastRotate := time.Time{}
 	for {
-		s.pass(f, rd, state, &opts)
+		now := time.Now()
+		sv.pass(now)
+		if now.Sub(lastRotate) >= 5*time.Second || lastRotate.IsZero() {
+			sv.rotateLogs()
+			lastRotate = now
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case k := <-exits.C:
+			sv.exited(sv.procs[k], time.Now())
 		}
 	}
 }
 
-func (s *Store) lock() (*os.File, error) {
-	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
-		return nil, err
+// release lets go of the children that are still running: they are not
+// the supervisor's to end, and nobody will reap them but init.
+func (sv *supervisor) release() {
+	for _, w := range sv.procs {
+		if w.pidfd >= 0 {
+			sv.exits.remove(w.pidfd)
+			w.pidfd = -1
+		}
 	}
-	p := filepath.Join(s.Dir, "supervise.lock")
-	lf, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(p)
-		lf.Close()
-		return nil, fmt.Errorf("%w (pid %s)", ErrSupervised, strings.TrimSpace(string(holder)))
-	}
-	lf.Truncate(0)
-	fmt.Fprintf(lf, "%d\n", os.Getpid())
-	return lf, nil
 }
 
-// pass checks every process once and starts those that are due.
-func (s *Store) pass(f *spec.Fleet, rd *netns.RunDir, state map[string]*watched, opts *SuperviseOptions) {
-	now := time.Now()
-	for i := range f.Namespaces {
-		ns := &f.Namespaces[i]
-		if len(ns.Processes) == 0 {
+// watch starts watching w's live process: by pidfd while the budget lasts.
+func (sv *supervisor) watch(k int, w *watched) {
+	w.pidfd = -1
+	if sv.budget <= 0 {
+		return
+	}
+	fd, err := pidfdOpen(w.pid)
+	if err != nil {
+		return // no pidfd support, or no descriptor left: the tick checks
+	}
+	if err := sv.exits.add(fd, k); err != nil {
+		return
+	}
+	w.pidfd = fd
+	sv.budget--
+}
+
+func (sv *supervisor) unwatch(w *watched) {
+	if w.pidfd >= 0 {
+		sv.exits.remove(w.pidfd)
+		w.pidfd = -1
+		sv.budget++
+	}
+}
+
+// pass checks every process once: adopts running ones, notices exits of
+// those watched without a pidfd, and starts those that are due.
+func (sv *supervisor) pass(now time.Time) {
+	for k, w := range sv.procs {
+		if w.pid != 0 {
+			if w.pidfd < 0 && !sv.alive(w) {
+				sv.exited(w, now)
+			}
 			continue
 		}
-		for _, p := range ns.Processes {
-			key := ns.Name + "/" + p.Name
-			w := state[key]
-			if w == nil {
-				w = &watched{}
-				state[key] = w
-			}
-			rec, err := s.Load(ns.Name, p.Name)
-			if err != nil {
-				opts.Log.Warn("read record", "namespace", ns.Name, "process", p.Name, "err", err)
+		if w.done {
+			continue
+		}
+		rec, err := sv.s.Load(w.ns.Name, w.p.Name)
+		if err != nil {
+			sv.log.Warn("read record", "namespace", w.ns.Name, "process", w.p.Name, "err", err)
+			continue
+		}
+		if rec != nil && rec.Stopped {
+			continue // stopped by down or by hand: not ours to restart
+		}
+		if Alive(rec) {
+			// Running, started by an earlier run or by up meanwhile.
+			w.pid, w.start, w.child, w.rec, w.next = rec.PID, rec.Started, false, rec, time.Time{}
+			sv.watch(k, w)
+			// The PID could have been reused between the check and the
+			// pidfd: check again now that the pidfd pins the process.
+			if !Alive(rec) {
+				sv.exited(w, now)
 				continue
 			}
-			if rec != nil && rec.Stopped {
-				continue // stopped by down or by hand: not ours to restart
-			}
-			if Alive(rec) {
-				if w.cmd == nil && !w.done && w.exited == nil {
-					opts.Log.Info("adopted", "namespace", ns.Name, "process", p.Name, "pid", rec.PID)
-					w.exited = make(chan error) // never receives: not our child
-				}
+			sv.log.Info("adopted", "namespace", w.ns.Name, "process", w.p.Name, "pid", rec.PID)
+			continue
+		}
+		if rec != nil && w.next.IsZero() {
+			// Found dead (it exited while nobody watched): decide as for
+			// an exit whose status is unknown.
+			w.rec, w.start = rec, rec.Started
+			if !sv.decide(w, Exit{Ran: now.Sub(rec.Started)}, "exit status unknown (not our child)", now) {
 				continue
 			}
-			if w.done {
-				continue
-			}
-			status := "exit status unknown (not our child)"
-			failed := true
-			if w.cmd != nil {
-				select {
-				case werr := <-w.exited:
-					code, _ := ExitCode(werr)
-					status, failed = fmt.Sprintf("exit %d", code), code != 0
-					w.cmd = nil
-				default:
-					continue // dead per /proc, not reaped yet: next tick
-				}
-			}
-			if rec != nil && w.next.IsZero() {
-				// It just died (or was found dead): decide on a restart.
-				ran := now.Sub(rec.Started)
-				opts.Log.Info("exited", "namespace", ns.Name, "process", p.Name, "pid", rec.PID, "status", status, "ran", ran.Round(time.Millisecond))
-				if p.Restart == spec.RestartNever || (p.Restart == spec.RestartOnFailure && !failed) {
-					w.done = true
-					continue
-				}
-				if ran >= opts.ResetAfter {
-					w.failures = 0
-				}
-				delay := opts.Backoff << min(w.failures, 16)
-				if delay > opts.MaxBackoff || delay <= 0 {
-					delay = opts.MaxBackoff
-				}
-				w.failures++
-				w.next = now.Add(delay)
-				opts.Log.Info("restart scheduled", "namespace", ns.Name, "process", p.Name, "in", delay)
-			}
-			if now.Before(w.next) {
-				continue
-			}
-			restarts := 0
-			if rec != nil {
-				restarts = rec.Restarts + 1
-			}
-			h, err := rd.Open(ns.Name)
-			if err != nil {
-				continue // namespace not there (yet, or any more)
-			}
-			nr, cmd, err := s.Launch(h, ns.Name, p, restarts)
-			h.Close()
-			if err != nil {
-				opts.Log.Warn("start failed", "namespace", ns.Name, "process", p.Name, "err", err)
-				w.next = now.Add(opts.Backoff << min(w.failures, 16))
-				w.failures++
-				continue
-			}
-			w.cmd, w.next = cmd, time.Time{}
-			w.exited = make(chan error, 1)
-			go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(cmd, w.exited)
-			opts.Log.Info("started", "namespace", ns.Name, "process", p.Name, "pid", nr.PID, "restarts", restarts, "log", s.LogPath(ns.Name, p.Name))
+		}
+		if now.Before(w.next) {
+			continue
+		}
+		sv.launch(k, w, now, rec)
+	}
+}
+
+// alive checks a process watched without a pidfd.
+func (sv *supervisor) alive(w *watched) bool {
+	if w.child {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(w.pid, &ws, unix.WNOHANG, nil)
+		switch {
+		case pid == w.pid:
+			w.reaped = &ws // for exited to report
+			return false
+		case errors.Is(err, unix.ECHILD):
+			w.child = false // reaped elsewhere: status unknown
+			return false
+		}
+		return true
+	}
+	return Alive(w.rec)
+}
+
+// exited handles the end of w's process.
+func (sv *supervisor) exited(w *watched, now time.Time) {
+	if w.pid == 0 {
+		return
+	}
+	sv.unwatch(w)
+	e := Exit{Ran: now.Sub(w.start)}
+	status := "exit status unknown (not our child)"
+	ws := w.reaped
+	if w.child && ws == nil {
+		var st unix.WaitStatus
+		if pid, err := unix.Wait4(w.pid, &st, 0, nil); pid == w.pid && err == nil {
+			ws = &st
+		}
+	}
+	if ws != nil {
+		e.Known = true
+		switch {
+		case ws.Exited():
+			status, e.Failed = fmt.Sprintf("exit %d", ws.ExitStatus()), ws.ExitStatus() != 0
+		case ws.Signaled():
+			status, e.Failed = "killed by "+ws.Signal().String(), true
+		}
+	}
+	pid := w.pid
+	w.pid, w.child, w.reaped = 0, false, nil
+	sv.log.Info("exited", "namespace", w.ns.Name, "process", w.p.Name, "pid", pid, "status", status, "ran", e.Ran.Round(time.Millisecond))
+	// A process stopped by down is not restarted.
+	if rec, err := sv.s.Load(w.ns.Name, w.p.Name); err == nil && rec != nil && rec.Stopped {
+		w.next = time.Time{}
+		return
+	}
+	sv.decide(w, e, status, now)
+}
+
+// decide applies the restart policy; it reports whether a start is planned.
+func (sv *supervisor) decide(w *watched, e Exit, status string, now time.Time) bool {
+	d := sv.policy.AfterExit(w.p.Restart, w.failures, e)
+	w.failures = d.Failures
+	if !d.Restart {
+		w.done = true
+		return false
+	}
+	w.next = now.Add(d.Delay)
+	sv.log.Info("restart scheduled", "namespace", w.ns.Name, "process", w.p.Name, "in", d.Delay)
+	return true
+}
+
+// launch starts w's process inside its namespace.
+func (sv *supervisor) launch(k int, w *watched, now time.Time, rec *Record) {
+	restarts := 0
+	if rec != nil {
+		restarts = rec.Restarts + 1
+	}
+	h, err := sv.rd.Open(w.ns.Name)
+	if err != nil {
+		// Not there (yet, or any more): up makes it; try again later.
+		w.next = now.Add(sv.policy.withDefaults().Backoff)
+		return
+	}
+	nr, cmd, err := sv.s.Launch(h, w.ns.Name, w.p, restarts)
+	h.Close()
+	if err != nil {
+		d := sv.policy.AfterStartFailure(w.failures)
+		w.failures, w.next = d.Failures, now.Add(d.Delay)
+		sv.log.Warn("start failed", "namespace", w.ns.Name, "process", w.p.Name, "err", err, "retry in", d.Delay)
+		return
+	}
+	w.pid, w.start, w.child, w.rec, w.next = nr.PID, nr.Started, true, nr, time.Time{}
+	sv.watch(k, w)
+	// The supervisor reaps the child itself (wait4 once its pidfd says it
+	// exited): Go's handle, a descriptor and a blocked thread per child,
+	// is let go.
+	cmd.Process.Release()
+	sv.log.Info("started", "namespace", w.ns.Name, "process", w.p.Name, "pid", nr.PID, "restarts", restarts, "log", sv.s.LogPath(w.ns.Name, w.p.Name))
+}
+
+// rotateLogs keeps every process's log within its size.
+func (sv *supervisor) rotateLogs() {
+	for _, w := range sv.procs {
+		max, keep := w.p.LogLimits()
+		path := sv.s.LogPath(w.ns.Name, w.p.Name)
+		if did, err := rotateLog(path, max, keep); err != nil {
+			sv.log.Warn("log rotation", "namespace", w.ns.Name, "process", w.p.Name, "err", err)
+		} else if did {
+			sv.log.Debug("log rotated", "namespace", w.ns.Name, "process", w.p.Name, "log", path)
 		}
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	vnetns "github.com/vishvananda/netns"
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"golang.org/x/sys/unix"
 )
 
@@ -93,7 +94,7 @@ func Open() (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.h, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
+	if c.h, err = pool.RetryValue(func() (*netlink.Handle, error) { return netlink.NewHandle(unix.NETLINK_ROUTE) }); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("netlink socket: %w", err)
 	}
@@ -104,7 +105,9 @@ func Open() (*Conn, error) {
 // SetLoopback, AddVeth, SetUp, SetAlias, SetMTU, DeleteLink) but not
 // addresses, routes or NsID. It costs one socket.
 func OpenLite() (*Conn, error) {
-	s, err := nl.GetNetlinkSocketAt(vnetns.None(), vnetns.None(), unix.NETLINK_ROUTE)
+	s, err := pool.RetryValue(func() (*nl.NetlinkSocket, error) {
+		return nl.GetNetlinkSocketAt(vnetns.None(), vnetns.None(), unix.NETLINK_ROUTE)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("netlink socket: %w", err)
 	}

@@ -57,11 +57,32 @@ const (
 )
 
 // Process is a command nsfleet starts inside the namespace and keeps running.
+//
+// By default it runs as nsfleet does: as root, with every capability, and
+// may gain privileges through setuid programs. User, Group, Capabilities
+// and NoNewPrivs take those away.
 type Process struct {
 	Name    string   // unique within the namespace; names its log file
 	Command []string // argv, placeholders expanded
 	Restart string   // RestartAlways, RestartOnFailure (default) or RestartNever
+	User    string   // user name or numeric UID; "": root
+	Group   string   // group name or numeric GID; "": the user's primary group
+	// Capabilities, if not nil, are the only capabilities the process
+	// keeps (as ambient capabilities, so they survive the exec even for a
+	// non-root user); every other one is dropped from its bounding set.
+	// Names are canonical: "CAP_NET_ADMIN". An empty, non-nil list drops
+	// them all.
+	Capabilities []string
+	NoNewPrivs   bool  // prctl(PR_SET_NO_NEW_PRIVS): no privilege gained by exec
+	LogMax       int64 // rotate the log past this many bytes; 0: DefaultLogMax
+	LogKeep      int   // rotated logs kept (NAME.log.1 ...); 0: DefaultLogKeep
 }
+
+// Defaults of a Process's log rotation.
+const (
+	DefaultLogMax  = 10 << 20
+	DefaultLogKeep = 3
+)
 
 // Origin says where a namespace was declared.
 type Origin struct {
@@ -162,9 +183,15 @@ type template struct {
 }
 
 type processTemplate struct {
-	Name    string   `yaml:"name"`
-	Command []string `yaml:"command"`
-	Restart string   `yaml:"restart"`
+	Name         string    `yaml:"name"`
+	Command      []string  `yaml:"command"`
+	Restart      string    `yaml:"restart"`
+	User         string    `yaml:"user"`
+	Group        string    `yaml:"group"`
+	Capabilities *[]string `yaml:"capabilities"`
+	NoNewPrivs   bool      `yaml:"no_new_privs"`
+	LogMax       string    `yaml:"log_max"`
+	LogKeep      *int      `yaml:"log_keep"`
 }
 
 type vethTemplate struct {
@@ -508,7 +535,10 @@ func expandOne(path string, t template, idx, line int, vethLines, routeLines []i
 		if len(pt.Command) == 0 || pt.Command[0] == "" {
 			return Namespace{}, bad(line, "process %q: 'command' must be a non-empty list, like [\"dnsmasq\", \"--no-daemon\"]", pt.Name)
 		}
-		p := Process{Name: pt.Name, Restart: pt.Restart}
+		p, err := processPrivileges(pt)
+		if err != nil {
+			return Namespace{}, bad(line, "process %q: %v", pt.Name, err)
+		}
 		switch p.Restart {
 		case "":
 			p.Restart = RestartOnFailure

@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/nsfleet/nsfleet/spec"
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,7 +60,7 @@ func (p *Procfs) reopen() error {
 		unix.Close(p.fd)
 		p.fd = -1
 	}
-	fd, err := openPrivate()
+	fd, err := pool.RetryValue(openPrivate)
 	if err == nil {
 		p.fd, p.private = fd, true
 		return nil
@@ -114,7 +115,7 @@ var ErrUnknownKey = errors.New("no such sysctl in this namespace")
 
 func (p *Procfs) open(key string, flags int) (int, error) {
 	path := "sys/" + spec.SysctlPath(key)
-	fd, err := unix.Openat(p.fd, path, flags|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	fd, err := pool.RetryValue(func() (int, error) { return unix.Openat(p.fd, path, flags|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0) })
 	if errors.Is(err, unix.ENOENT) {
 		return -1, fmt.Errorf("sysctl %s: %w", key, ErrUnknownKey)
 	}

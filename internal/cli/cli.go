@@ -62,6 +62,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == proc.HelperArg {
 		proc.HelperMain(args[1:]) // does not return
 	}
+	if len(args) > 0 && args[0] == proc.PrivilegesHelperArg {
+		proc.PrivilegesHelperMain(args[1:]) // does not return
+	}
 	if len(args) > 0 && args[0] == bench.ChurnHelperArg {
 		bench.ChurnHelperMain(args[1:]) // does not return
 	}

@@ -11,9 +11,9 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/proc"
 	"github.com/spf13/cobra"
@@ -182,22 +182,9 @@ func execAll(ctx context.Context, g *globals, rd *netns.RunDir, file, prefix str
 	var outMu sync.Mutex
 	codes := make([]int, len(names))
 	errs := make([]error, len(names))
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < min(parallel, len(names)); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= len(names) {
-					return
-				}
-				codes[i], errs[i] = execPrefixed(rd, names[i], argv, mountNS, g.stdout, g.stderr, &outMu)
-			}
-		}()
-	}
-	wg.Wait()
+	pool.Each(ctx, len(names), pool.Fit(parallel, fdsPerExec), func(i int) {
+		codes[i], errs[i] = execPrefixed(rd, names[i], argv, mountNS, g.stdout, g.stderr, &outMu)
+	})
 	byCode := map[int]int{}
 	failed := 0
 	for i := range names {
@@ -233,20 +220,19 @@ func execAll(ctx context.Context, g *globals, rd *netns.RunDir, file, prefix str
 	return nil
 }
 
+// fdsPerExec is what one command of exec --all holds at once in nsfleet:
+// the pin, three pipes, exec's own status pipe, a pidfd, and netns.Do's
+// handle on the original namespace.
+const fdsPerExec = 12
+
 // execPrefixed runs argv in one namespace with its output lines prefixed.
 func execPrefixed(rd *netns.RunDir, name string, argv []string, mountNS bool, stdout, stderr io.Writer, mu *sync.Mutex) (int, error) {
 	h, err := rd.Open(name)
 	if err != nil {
 		return 0, err
 	}
-	c, err := proc.Command(argv, proc.Options{MountNS: mountNS, Name: name, Stdin: strings.NewReader("")})
-	if err != nil {
-		h.Close()
-		return 0, err
-	}
 	outR, outW := io.Pipe()
 	errR, errW := io.Pipe()
-	c.Stdout, c.Stderr = outW, errW
 	var copies sync.WaitGroup
 	for _, p := range []struct {
 		r *io.PipeReader
@@ -265,7 +251,15 @@ func execPrefixed(rd *netns.RunDir, name string, argv []string, mountNS bool, st
 			io.Copy(io.Discard, p.r)
 		}()
 	}
-	err = proc.Start(h, c)
+	// A Cmd that failed to start cannot be started again: build it anew
+	// for each try.
+	c, err := pool.RetryValue(func() (*exec.Cmd, error) {
+		c, err := proc.Command(argv, proc.Options{MountNS: mountNS, Name: name, Stdin: strings.NewReader(""), Stdout: outW, Stderr: errW})
+		if err != nil {
+			return nil, err
+		}
+		return c, proc.Start(h, c)
+	})
 	h.Close()
 	if err != nil {
 		outW.Close()

@@ -147,13 +147,21 @@ func TestExecAll(t *testing.T) {
 	p := nstest.Prefix(t)
 	fleetOf(t, rd.Path, p, 5)
 	var out, errb bytes.Buffer
-	code := Run(t.Context(), []string{"--run-dir", rd.Path, "exec", "--all", "--prefix", p, "--", "sh", "-c", "cat /proc/sys/net/ipv4/ip_forward; case $(readlink /proc/self/ns/net) in *) exit 0;; esac"}, &out, &errb)
+	// Each command must run in its own namespace: it prints the inode of
+	// the namespace it runs in, which must be its pin's. (Nothing is
+	// assumed of the host's settings: what a new namespace inherits, such
+	// as ip_forward, depends on them.)
+	code := Run(t.Context(), []string{"--run-dir", rd.Path, "exec", "--all", "--prefix", p, "--", "sh", "-c", "stat -L -c %i /proc/self/ns/net"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("code %d\n%s\n%s", code, out.String(), errb.String())
 	}
-	for i := 1; i <= 5; i++ {
-		if !strings.Contains(out.String(), fmt.Sprintf("%sn-%d: 0\n", p, i)) {
-			t.Errorf("no prefixed line for %sn-%d:\n%s", p, i, out.String())
+	pins, err := rd.List()
+	if err != nil || len(pins) != 5 {
+		t.Fatalf("pins %v, %v", pins, err)
+	}
+	for _, pin := range pins {
+		if want := fmt.Sprintf("%s: %d\n", pin.Name, pin.Inode); !strings.Contains(out.String(), want) {
+			t.Errorf("no line %q:\n%s", want, out.String())
 		}
 	}
 	if !strings.Contains(errb.String(), "exec: 5 namespaces: 5 exited 0") {
