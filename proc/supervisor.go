@@ -48,8 +48,8 @@ type watched struct {
 	rec   *Record
 
 	failures int
-	next     time.Time // earliest next start; zero: due now
-	done     bool      // exited and, by its policy, stays down
+	next     time.Time        // earliest next start; zero: due now
+	done     bool             // exited and, by its policy, stays down
 	reaped   *unix.WaitStatus // status reaped by a check without pidfd
 }
 

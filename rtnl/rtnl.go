@@ -21,11 +21,11 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	vnetns "github.com/vishvananda/netns"
-	"github.com/nsfleet/nsfleet/internal/pool"
 	"golang.org/x/sys/unix"
 )
 

@@ -22,8 +22,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/nsfleet/nsfleet/spec"
 	"github.com/nsfleet/nsfleet/internal/pool"
+	"github.com/nsfleet/nsfleet/spec"
 	"golang.org/x/sys/unix"
 )
 
