@@ -107,22 +107,38 @@ func (s *Store) Supervise(ctx context.Context, f *spec.Fleet, rd *netns.RunDir, 
 	defer sv.release()
 	t := time.NewTicker(opts.Tick)
 	defer t.Stop()
-	lastRotate := time.Time{}
+	due := time.NewTimer(time.Hour)
+	defer due.Stop()
+	var lastRotate time.Time
 	for {
 		now := time.Now()
 		sv.pass(now)
-		if now.Sub(lastRotate) >= 5*time.Second || lastRotate.IsZero() {
+		if now.Sub(lastRotate) >= time.Second {
 			sv.rotateLogs()
 			lastRotate = now
 		}
+		// Wake for the earliest planned restart, not only on the tick.
+		due.Reset(sv.nextDue(now, opts.Tick))
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-due.C:
 		case k := <-exits.C:
 			sv.exited(sv.procs[k], time.Now())
 		}
 	}
+}
+
+// nextDue is how long until the earliest planned start, at most limit.
+func (sv *supervisor) nextDue(now time.Time, limit time.Duration) time.Duration {
+	d := limit
+	for _, w := range sv.procs {
+		if w.pid == 0 && !w.done && !w.next.IsZero() {
+			d = min(d, w.next.Sub(now))
+		}
+	}
+	return max(d, time.Millisecond)
 }
 
 // release lets go of the children that are still running: they are not
@@ -249,7 +265,7 @@ func (sv *supervisor) exited(w *watched, now time.Time) {
 		case ws.Exited():
 			status, e.Failed = fmt.Sprintf("exit %d", ws.ExitStatus()), ws.ExitStatus() != 0
 		case ws.Signaled():
-			status, e.Failed = "killed by "+ws.Signal().String(), true
+			status, e.Failed = "killed by "+unix.SignalName(ws.Signal()), true
 		}
 	}
 	pid := w.pid

@@ -166,3 +166,157 @@ func TestSupervision(t *testing.T) {
 		t.Errorf("second supervisor log:\n%s", sup2err.String())
 	}
 }
+
+// procStatus reads fields of /proc/PID/status.
+func procStatus(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok {
+			m[k] = strings.TrimSpace(v)
+		}
+	}
+	return m
+}
+
+func TestProcessPrivileges(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	spec := filepath.Join(t.TempDir(), "privs.yaml")
+	os.WriteFile(spec, []byte(fmt.Sprintf(`namespaces:
+  - name: "%[1]spriv"
+    processes:
+      - name: plain
+        command: ["sleep", "1000"]
+      - name: nobody
+        command: ["sleep", "1000"]
+        user: nobody
+        capabilities: [net_bind_service]
+        no_new_privs: true
+      - name: rootnet
+        command: ["sleep", "1000"]
+        capabilities: [CAP_NET_ADMIN]
+      - name: numeric
+        command: ["sleep", "1000"]
+        user: "4242"
+        capabilities: []
+`, p)), 0o644)
+	t.Cleanup(func() { run("--run-dir", rd.Path, "down", "-f", spec, "--grace", "1s") })
+	if code, out, errs := run("--run-dir", rd.Path, "up", "-f", spec, "--progress", "none"); code != 0 {
+		t.Fatalf("up: %s %s", out, errs)
+	}
+	ps := procsOf(t, rd.Path, spec)
+	// By default a process has what nsfleet has (whatever this host gives
+	// root: some take capabilities away).
+	own := procStatus(t, os.Getpid())
+	want := map[string]map[string]string{
+		"plain":   {"Uid": "0\t0\t0\t0", "CapEff": own["CapEff"], "CapBnd": own["CapBnd"], "NoNewPrivs": own["NoNewPrivs"]},
+		"nobody":  {"Uid": "65534\t65534\t65534\t65534", "Gid": "65534\t65534\t65534\t65534", "CapEff": "0000000000000400", "CapPrm": "0000000000000400", "CapBnd": "0000000000000400", "CapAmb": "0000000000000400", "NoNewPrivs": "1"},
+		"rootnet": {"Uid": "0\t0\t0\t0", "CapEff": "0000000000001000", "CapBnd": "0000000000001000", "NoNewPrivs": "0"},
+		"numeric": {"Uid": "4242\t4242\t4242\t4242", "Gid": "4242\t4242\t4242\t4242", "Groups": "", "CapEff": "0000000000000000", "CapBnd": "0000000000000000"},
+	}
+	for name, fields := range want {
+		st := ps[p+"priv/"+name]
+		if st.State != "running" {
+			t.Fatalf("%s: %+v", name, st)
+		}
+		// The helper execs the command once it has dropped what it must.
+		var got map[string]string
+		waitFor(t, name+" to exec sleep", 10*time.Second, func() bool {
+			got = procStatus(t, st.PID)
+			return got["Name"] == "sleep"
+		})
+		for k, v := range fields {
+			if got[k] != v {
+				t.Errorf("%s: %s = %q, want %q", name, k, got[k], v)
+			}
+		}
+	}
+}
+
+func TestProcessPrivilegesRefusedInSpec(t *testing.T) {
+	for _, bad := range []string{
+		"capabilities: [net_magic]",
+		"user: \"a:b\"",
+		"log_max: 10parsecs",
+		"log_max: 100",
+		"log_keep: 0",
+	} {
+		dir := t.TempDir()
+		spec := filepath.Join(dir, "s.yaml")
+		os.WriteFile(spec, []byte("namespaces:\n  - name: x\n    processes:\n      - name: d\n        command: [sleep, \"1\"]\n        "+bad+"\n"), 0o644)
+		code, _, errs := run("--run-dir", filepath.Join(dir, "netns"), "up", "-f", spec)
+		if code != ExitUsage && code != ExitFailed || !strings.Contains(errs, "s.yaml:") {
+			t.Errorf("%s: code %d, %q; want a refusal naming the file and line", bad, code, errs)
+		}
+	}
+}
+
+// The supervisor learns of an exit from the process's pidfd, not from its
+// tick: with a one-minute tick the restart still comes after the back-off.
+func TestSuperviseSeesExitsAtOnceAndRotatesLogs(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	spec := filepath.Join(t.TempDir(), "procs.yaml")
+	os.WriteFile(spec, []byte(fmt.Sprintf(`namespaces:
+  - name: "%[1]sx"
+    processes:
+      - name: sleeper
+        command: ["sleep", "1000"]
+        restart: always
+      - name: chatty
+        command: ["sh", "-c", "while :; do echo 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef; sleep 0.002; done"]
+        restart: always
+        log_max: 4KiB
+        log_keep: 2
+`, p)), 0o644)
+	t.Cleanup(func() { run("--run-dir", rd.Path, "down", "-f", spec, "--grace", "1s") })
+	if code, out, errs := run("--run-dir", rd.Path, "up", "-f", spec, "--progress", "none"); code != 0 {
+		t.Fatalf("up: %s %s", out, errs)
+	}
+	sup := child("--run-dir", rd.Path, "supervise", "-f", spec, "--backoff", "100ms", "--tick", "1m")
+	var supErr strings.Builder
+	sup.Stderr = &supErr
+	if err := sup.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sup.Process.Kill(); sup.Wait() })
+	var first fleet.ProcStatus
+	waitFor(t, "the first start", 10*time.Second, func() bool {
+		first = procsOf(t, rd.Path, spec)[p+"x/sleeper"]
+		return first.State == "running"
+	})
+	killed := time.Now()
+	syscall.Kill(first.PID, syscall.SIGKILL)
+	waitFor(t, "the restart", 5*time.Second, func() bool {
+		again := procsOf(t, rd.Path, spec)[p+"x/sleeper"]
+		return again.State == "running" && again.PID != first.PID
+	})
+	if d := time.Since(killed); d > 3*time.Second {
+		t.Errorf("restart took %v with a 1m tick: the exit was not seen by pidfd", d)
+	}
+	// The rotation runs with the loop; one more exit wakes it.
+	log := rd.Path + "/../.nsfleet-" + filepath.Base(rd.Path) + "/logs/" + p + "x/chatty.log"
+	waitFor(t, "a rotated log", 10*time.Second, func() bool {
+		if _, err := os.Stat(log + ".1"); err == nil {
+			return true
+		}
+		if st := procsOf(t, rd.Path, spec)[p+"x/sleeper"]; st.PID > 0 {
+			syscall.Kill(st.PID, syscall.SIGKILL)
+		}
+		time.Sleep(300 * time.Millisecond)
+		return false
+	})
+	for _, f := range []string{log, log + ".1"} {
+		if fi, err := os.Stat(f); err != nil || fi.Size() > 64<<10 {
+			t.Errorf("%s: %v, size %d; want well under control", f, err, fi.Size())
+		}
+	}
+	if !strings.Contains(supErr.String(), `status="killed by SIGKILL"`) {
+		t.Errorf("the supervisor did not report the exit status of its child:\n%s", supErr.String())
+	}
+}
