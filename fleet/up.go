@@ -266,10 +266,13 @@ func (w *worker) startProcesses(h *netns.NS, ns *spec.Namespace) ([]string, erro
 		if rec != nil {
 			restarts = rec.Restarts
 		}
-		r, _, err := store.Launch(h, ns.Name, p, restarts)
+		r, cmd, err := store.Launch(h, ns.Name, p, restarts)
 		if err != nil {
 			return started, err
 		}
+		// up does not wait for its daemons: let go of Go's handle (a
+		// pidfd each) at once, or a large fleet runs out of descriptors.
+		cmd.Process.Release()
 		started = append(started, fmt.Sprintf("started process %s (pid %d)", p.Name, r.PID))
 	}
 	return started, nil

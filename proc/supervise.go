@@ -152,8 +152,9 @@ func Alive(r *Record) bool {
 
 // Launch starts p inside ns (pinned as nsName), detached in a session of
 // its own with stdin on /dev/null and stdout and stderr appended to its log
-// file, and saves its record. The caller must reap the returned command
-// (cmd.Wait) if it stays alive long enough to see the process exit.
+// file, and saves its record. The caller must either reap the returned
+// command (cmd.Wait) or let go of it (cmd.Process.Release): until then Go
+// holds a pidfd for it.
 func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int) (*Record, *exec.Cmd, error) {
 	logPath := s.LogPath(nsName, p.Name)
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
@@ -216,23 +217,47 @@ func (s *Store) Stop(r *Record, grace time.Duration) error {
 	if !Alive(r) {
 		return nil
 	}
+	// A pidfd pins the process: its exit is waited for without polling,
+	// and a reused PID is never signalled. Without one (no descriptor
+	// left, or a kernel before 5.3), /proc is polled.
+	fd, err := pidfdOpen(r.PID)
+	if err == nil {
+		defer unix.Close(fd)
+		if !Alive(r) { // the PID was reused just before the pidfd
+			return nil
+		}
+	}
 	// The process leads its own session and group (Setsid at launch).
 	syscall.Kill(-r.PID, syscall.SIGTERM)
-	deadline := time.Now().Add(grace)
-	for Alive(r) {
-		if time.Now().After(deadline) {
-			syscall.Kill(-r.PID, syscall.SIGKILL)
-			for i := 0; Alive(r) && i < 500; i++ {
-				time.Sleep(10 * time.Millisecond)
-			}
-			break
+	if waitGone(r, fd, grace) {
+		return nil
+	}
+	syscall.Kill(-r.PID, syscall.SIGKILL)
+	if waitGone(r, fd, 5*time.Second) {
+		return nil
+	}
+	return fmt.Errorf("process %s (pid %d) in %s survived SIGKILL", r.Name, r.PID, r.Namespace)
+}
+
+// waitGone waits up to timeout for the process to exit, on its pidfd if
+// fd >= 0, else by polling /proc.
+func waitGone(r *Record, fd int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if !Alive(r) {
+			return true
 		}
-		time.Sleep(20 * time.Millisecond)
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		if fd >= 0 {
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			unix.Poll(pfd, int(min(left, time.Second)/time.Millisecond)+1)
+			continue
+		}
+		time.Sleep(min(left, 20*time.Millisecond))
 	}
-	if Alive(r) {
-		return fmt.Errorf("process %s (pid %d) in %s survived SIGKILL", r.Name, r.PID, r.Namespace)
-	}
-	return nil
 }
 
 // StopAll stops every recorded process of a namespace.

@@ -273,20 +273,75 @@ func TestLimitENOSPC(t *testing.T) {
 	}
 }
 
-// TestFewFDs: up and down work with 32 file descriptors, so nothing keeps
-// a descriptor per namespace.
+// TestFewFDs: every command works with 32 file descriptors on 300
+// namespaces, each with a supervised process, so nothing keeps a
+// descriptor per namespace and nothing fails for lack of one (EMFILE is
+// waited out). It runs in parallel with other tests, for load.
 func TestFewFDs(t *testing.T) {
+	t.Parallel()
 	rd := nstest.RunDir(t)
 	p := nstest.Prefix(t)
 	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
-	spec := writeSpec(t, p, 300)
-	for _, verb := range []string{"up", "down"} {
-		cmd := exec.Command("bash", "-c", `ulimit -n 32 && exec "$0" "$@"`, os.Args[0], "--run-dir", rd.Path, verb, "-f", spec, "--progress", "none")
+	spec := filepath.Join(t.TempDir(), "spec.yaml")
+	y := nstest.FakeRouters(p, 300) + `    processes:
+      - name: sleeper
+        command: ["sleep", "1000"]
+        restart: always
+`
+	if err := os.WriteFile(spec, []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { run("--run-dir", rd.Path, "down", "-f", spec, "--grace", "1s") })
+	limited := func(args ...string) *exec.Cmd {
+		cmd := exec.Command("bash", append([]string{"-c", `ulimit -n 32 && exec "$0" "$@"`, os.Args[0], "--run-dir", rd.Path}, args...)...)
 		cmd.Env = append(os.Environ(), "NSFLEET_CLI_CHILD=1")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s with 32 fds: %v\n%s", verb, err, out)
+		return cmd
+	}
+	for _, args := range [][]string{
+		{"up", "-f", spec, "--progress", "none"},
+		{"ls", "-f", spec, "-o", "json"},
+		{"ls", "--prefix", p},
+		{"exec", "--all", "--prefix", p, "--", "true"},
+	} {
+		if out, err := limited(args...).CombinedOutput(); err != nil {
+			t.Fatalf("%s with 32 fds: %v\n%s", args[0], err, lastLines(out, 20))
 		}
 	}
+	// supervise adopts 300 processes (too many for a pidfd each: it
+	// watches the rest through /proc) and restarts one that is killed.
+	sup := limited("supervise", "-f", spec, "--backoff", "100ms", "--tick", "100ms")
+	var supOut strings.Builder
+	sup.Stderr = &supOut
+	if err := sup.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sup.Process.Kill(); sup.Wait() })
+	victim := procsOf(t, rd.Path, spec)[p+"bar-150/sleeper"]
+	if victim.State != "running" {
+		t.Fatalf("sleeper in %sbar-150: %+v", p, victim)
+	}
+	time.Sleep(500 * time.Millisecond) // let it adopt
+	syscall.Kill(victim.PID, syscall.SIGKILL)
+	waitFor(t, "the restart under 32 fds", 20*time.Second, func() bool {
+		st := procsOf(t, rd.Path, spec)[p+"bar-150/sleeper"]
+		return st.State == "running" && st.PID != victim.PID
+	})
+	sup.Process.Signal(syscall.SIGTERM)
+	sup.Wait()
+	if strings.Contains(supOut.String(), "too many open files") {
+		t.Errorf("supervise under 32 fds:\n%s", lastLines([]byte(supOut.String()), 20))
+	}
+	if out, err := limited("down", "-f", spec, "--progress", "none", "--grace", "1s").CombinedOutput(); err != nil {
+		t.Fatalf("down with 32 fds: %v\n%s", err, lastLines(out, 20))
+	}
+}
+
+func lastLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = append([]string{"..."}, lines[len(lines)-n:]...)
+	}
+	return strings.Join(lines, "\n")
 }
 
 func TestSecondRunRefusedWhileLocked(t *testing.T) {
