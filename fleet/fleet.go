@@ -41,6 +41,10 @@ type Options struct {
 	Workers int          // 0: DefaultWorkers()
 	Adopt   bool         // take over matching namespaces nsfleet did not make
 	DryRun  bool         // Up: plan only
+	// PinsOnly makes List report what the run dir shows (names, pins,
+	// inodes) without entering any namespace: what an unprivileged user
+	// can read.
+	PinsOnly bool
 	Mark    int          // throughput mark interval; 0: DefaultMark
 	Log     *slog.Logger // step-level log; nil: discard
 	// Store keeps the records and logs of supervised processes; nil means

@@ -23,6 +23,9 @@ const (
 	StateStale   State = "stale"   // a pin file with no namespace mounted on it
 	StateMissing State = "missing" // in the spec, not on the machine
 	StateError   State = "error"
+	// StateUnread: pinned, but not looked into (Options.PinsOnly: the
+	// caller may not enter namespaces).
+	StateUnread State = "unread"
 )
 
 // LinkStatus is one device inside a namespace.
@@ -76,6 +79,22 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		for _, p := range sel.match(all) {
 			names = append(names, p.Name)
 		}
+	}
+	if opts.PinsOnly {
+		out := make([]Status, len(names))
+		for i, name := range names {
+			out[i] = Status{Name: name, State: StateMissing}
+			switch p, ok := pins[name]; {
+			case !ok:
+			case p.Symlink:
+				out[i].State, out[i].Error = StateError, "pin is a symbolic link"
+			case !p.Mounted:
+				out[i].State = StateStale
+			default:
+				out[i].State, out[i].Inode = StateUnread, p.Inode
+			}
+		}
+		return out, nil
 	}
 	host, err := rtnl.Open()
 	if err != nil {

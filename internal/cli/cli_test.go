@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -368,5 +369,75 @@ func TestMissingRunDirIsEmpty(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); err == nil {
 		t.Error("ls or down created the run dir")
+	}
+}
+
+// TestUnprivileged: as an ordinary user, commands that change namespaces
+// say once that they need root (before touching anything), and ls shows
+// what it can read.
+func TestUnprivileged(t *testing.T) {
+	nstest.RequireRoot(t)
+	// A directory the unprivileged user can enter, with a copy of this
+	// binary in it.
+	dir, err := os.MkdirTemp("", "nsfleet-unpriv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	self, _ := os.ReadFile(os.Args[0])
+	bin := filepath.Join(dir, "nsfleet")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	runDir := filepath.Join(dir, "netns")
+	p := nstest.Prefix(t)
+	spec := filepath.Join(dir, "spec.yaml")
+	os.WriteFile(spec, []byte(nstest.FakeRouters(p, 3)), 0o644)
+	t.Cleanup(func() {
+		run("--run-dir", runDir, "down", "-f", spec)
+		unix.Unmount(runDir, unix.MNT_DETACH)
+	})
+	if code, out, errs := run("--run-dir", runDir, "up", "-f", spec, "--progress", "none"); code != 0 {
+		t.Fatalf("up as root: %s %s", out, errs)
+	}
+	asNobody := func(args ...string) (int, string) {
+		cmd := exec.Command(bin, append([]string{"--run-dir", runDir}, args...)...)
+		cmd.Env = append(os.Environ(), "NSFLEET_CLI_CHILD=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return code, string(out)
+	}
+	for _, args := range [][]string{
+		{"up", "-f", spec},
+		{"down", "-f", spec},
+		{"exec", p + "bar-1", "--", "true"},
+		{"supervise", "-f", spec},
+		{"doctor", "--fix"},
+	} {
+		code, out := asNobody(args...)
+		if code != ExitFailed || !strings.Contains(out, "needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN") || strings.Count(out, "\n") != 1 {
+			t.Errorf("%s as nobody: code %d, %q; want one line saying it needs root", args[0], code, out)
+		}
+	}
+	code, out := asNobody("ls", "--prefix", p)
+	if code != 0 || !strings.Contains(out, "3 namespaces: 3 unread") || strings.Count(out, "need root") != 1 || strings.Contains(out, "operation not permitted") {
+		t.Errorf("ls as nobody: code %d:\n%s", code, out)
+	}
+	if code, out := asNobody("ls", "-f", spec); code != ExitFailed || !strings.Contains(out, "cannot compare") {
+		t.Errorf("ls -f as nobody: code %d:\n%s", code, out)
+	}
+	if code, out := asNobody("doctor"); code == ExitUsage || !strings.Contains(out, "run it as root for all of them") {
+		t.Errorf("doctor as nobody: code %d:\n%s", code, out)
+	}
+	// Nothing changed: everything is still there.
+	if code, out, errs := run("--run-dir", runDir, "ls", "-f", spec); code != 0 {
+		t.Errorf("after the refusals: %s %s", out, errs)
 	}
 }

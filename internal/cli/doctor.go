@@ -38,6 +38,11 @@ mark, extra mounts stacked on its own pins) and prints each change.`,
 			if output != "table" && output != "json" {
 				return usageError{fmt.Errorf("doctor: -o %q: want table or json", output)}
 			}
+			if fix {
+				if err := needRoot("doctor --fix"); err != nil {
+					return err
+				}
+			}
 			rd, err := netns.OpenRunDir(g.runDir, false)
 			if err != nil {
 				// A missing run dir is a finding, not an error.
@@ -46,6 +51,9 @@ mark, extra mounts stacked on its own pins) and prints each change.`,
 			rep, err := doctor.Run(cmd.Context(), doctor.Options{RunDir: rd})
 			if err != nil {
 				return fmt.Errorf("doctor: %w", err)
+			}
+			if missing := missingCaps(); len(missing) > 0 {
+				defer fmt.Fprintf(g.stderr, "doctor: without %s some checks read less (pin marks, namespaces of other users' processes, the sysctl lookup timing); run it as root for all of them\n", strings.Join(missing, " and "))
 			}
 			if fix {
 				var lock *netns.Lock

@@ -37,6 +37,9 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			if (file == "") == (prefix == "") {
 				return usageError{fmt.Errorf("down: give exactly one of -f SPEC or --prefix P")}
 			}
+			if err := needRoot("down"); err != nil {
+				return err
+			}
 			var sel fleet.Selector
 			if file != "" {
 				f, err := loadSpec(file)

@@ -55,6 +55,9 @@ name, and ends with a summary of exit codes.`,
 				}
 				return a
 			}
+			if err := needRoot("exec"); err != nil {
+				return err
+			}
 			rd, err := netns.OpenRunDir(g.runDir, false)
 			if err != nil {
 				return fmt.Errorf("exec: %w", err)

@@ -63,7 +63,12 @@ after '='.`,
 			case err != nil:
 				return fmt.Errorf("ls: %w", err)
 			default:
-				if st, err = fleet.List(cmd.Context(), f, fleet.Selector{Prefix: prefix}, g.options(rd)); err != nil {
+				opts := g.options(rd)
+				if missing := missingCaps(); len(missing) > 0 {
+					opts.PinsOnly = true
+					fmt.Fprintf(g.stderr, "ls: without %s only names and pins can be read; state, links, drift and processes need root\n", strings.Join(missing, " and "))
+				}
+				if st, err = fleet.List(cmd.Context(), f, fleet.Selector{Prefix: prefix}, opts); err != nil {
 					return err
 				}
 			}
@@ -77,6 +82,11 @@ after '='.`,
 			}
 			printStatusTable(g.stdout, st)
 			if f != nil {
+				for _, s := range st {
+					if s.State == fleet.StateUnread {
+						return &exitError{code: ExitFailed, err: fmt.Errorf("ls: cannot compare the machine with %s without root", file)}
+					}
+				}
 				for _, s := range st {
 					if s.State != fleet.StateOK {
 						return &exitError{code: ExitFailed, err: fmt.Errorf("ls: the machine does not match %s", file)}
@@ -127,8 +137,11 @@ func printStatusTable(w io.Writer, st []fleet.Status) {
 		if s.Owned {
 			owned = "yes"
 		}
-		if s.State == fleet.StateMissing || s.State == fleet.StateStale {
+		switch s.State {
+		case fleet.StateMissing, fleet.StateStale:
 			owned = "-"
+		case fleet.StateUnread:
+			owned = "?"
 		}
 		if withProcs {
 			var procs []string
@@ -146,7 +159,7 @@ func printStatusTable(w io.Writer, st []fleet.Status) {
 	}
 	tw.Flush()
 	var parts []string
-	for _, k := range []fleet.State{fleet.StateOK, fleet.StateDrift, fleet.StateForeign, fleet.StateStale, fleet.StateMissing, fleet.StateError} {
+	for _, k := range []fleet.State{fleet.StateOK, fleet.StateDrift, fleet.StateForeign, fleet.StateStale, fleet.StateMissing, fleet.StateUnread, fleet.StateError} {
 		if counts[k] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[k], k))
 		}

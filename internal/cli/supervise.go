@@ -35,6 +35,9 @@ supervise runs per run dir.`,
 			if file == "" {
 				return usageError{fmt.Errorf("supervise: -f SPEC is required")}
 			}
+			if err := needRoot("supervise"); err != nil {
+				return err
+			}
 			f, err := loadSpec(file)
 			if err != nil {
 				return err

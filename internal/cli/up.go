@@ -35,6 +35,9 @@ summary and exits with code 130; the next up carries on.`,
 			if file == "" {
 				return usageError{fmt.Errorf("up: -f SPEC is required")}
 			}
+			if err := needRoot("up"); err != nil {
+				return err
+			}
 			f, err := loadSpec(file)
 			if err != nil {
 				return err

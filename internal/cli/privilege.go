@@ -1,0 +1,53 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// The capabilities nsfleet needs to change namespaces: CAP_SYS_ADMIN for
+// setns, unshare and mounts, CAP_NET_ADMIN for links and sysctls.
+var neededCaps = []struct {
+	n    int
+	name string
+}{{unix.CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, {unix.CAP_NET_ADMIN, "CAP_NET_ADMIN"}}
+
+// missingCaps lists the needed capabilities the process does not have in
+// its effective set (root of a user namespace has them all there).
+func missingCaps() []string {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return nil // cannot tell: let the kernel say
+	}
+	var out []string
+	for _, c := range neededCaps {
+		if data[c.n/32].Effective&(1<<(c.n%32)) == 0 {
+			out = append(out, c.name)
+		}
+	}
+	return out
+}
+
+// needRoot refuses a command that changes namespaces when the process lacks
+// the capabilities for it, once and clearly, before anything is touched.
+func needRoot(command string) error {
+	missing := missingCaps()
+	if len(missing) == 0 {
+		return nil
+	}
+	return &exitError{code: ExitFailed, err: fmt.Errorf("%s: needs root (%s; this process lacks %s): run it with sudo, or as root", command, joinCaps(neededCaps), strings.Join(missing, ", "))}
+}
+
+func joinCaps(cs []struct {
+	n    int
+	name string
+}) string {
+	var s []string
+	for _, c := range cs {
+		s = append(s, c.name)
+	}
+	return strings.Join(s, ", ")
+}
