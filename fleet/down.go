@@ -87,6 +87,11 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 		return DownReport{}, fmt.Errorf("down: %w", err)
 	}
 	pins := sel.match(all)
+	if len(pins) > 0 && !opts.DryRun && rd.ReadOnly() {
+		// Unmounting would work but removing the files would not: refuse
+		// before anything, rather than leave pin files without mounts.
+		return DownReport{}, fmt.Errorf("down: run dir %s is on a read-only filesystem: nothing deleted", rd.Path)
+	}
 	host, err := rtnl.Open()
 	if err != nil {
 		return DownReport{}, fmt.Errorf("down: %w", err)

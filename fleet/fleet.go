@@ -38,15 +38,15 @@ const DefaultMark = 250
 // except RunDir, which is required.
 type Options struct {
 	RunDir  *netns.RunDir
-	Workers int          // 0: DefaultWorkers()
-	Adopt   bool         // take over matching namespaces nsfleet did not make
-	DryRun  bool         // Up: plan only
+	Workers int  // 0: DefaultWorkers()
+	Adopt   bool // take over matching namespaces nsfleet did not make
+	DryRun  bool // Up: plan only
 	// PinsOnly makes List report what the run dir shows (names, pins,
 	// inodes) without entering any namespace: what an unprivileged user
 	// can read.
 	PinsOnly bool
-	Mark    int          // throughput mark interval; 0: DefaultMark
-	Log     *slog.Logger // step-level log; nil: discard
+	Mark     int          // throughput mark interval; 0: DefaultMark
+	Log      *slog.Logger // step-level log; nil: discard
 	// Store keeps the records and logs of supervised processes; nil means
 	// proc.StoreFor(RunDir).
 	Store *proc.Store

@@ -58,7 +58,39 @@ func OpenRunDir(path string, create bool) (*RunDir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("run dir %s: %w", path, err)
 	}
+	if err := checkTrusted(real); err != nil {
+		return nil, fmt.Errorf("run dir %s: %w", path, err)
+	}
 	return &RunDir{Path: real}, nil
+}
+
+// ErrUntrusted is matched by errors.Is when the run dir or a directory
+// above it could be changed by another user.
+var ErrUntrusted = errors.New("writable by another user")
+
+// checkTrusted refuses a run dir that another user could tamper with, as
+// ssh's StrictModes does for keys: the run dir and every directory above it
+// must belong to root or to us, and none may be writable by group or
+// others, except a parent with the sticky bit (like /tmp), where others
+// may add entries but not replace ours.
+func checkTrusted(dir string) error {
+	euid := uint32(os.Geteuid())
+	for d := dir; ; d = filepath.Dir(d) {
+		var st unix.Stat_t
+		if err := unix.Lstat(d, &st); err != nil {
+			return err
+		}
+		if st.Uid != 0 && st.Uid != euid {
+			return fmt.Errorf("%s belongs to uid %d, not root: %w; refusing it (chown root %s)", d, st.Uid, ErrUntrusted, d)
+		}
+		sticky := st.Mode&unix.S_ISVTX != 0 && d != dir
+		if st.Mode&0o022 != 0 && !sticky {
+			return fmt.Errorf("%s has mode %04o, %w; refusing it (chmod go-w %s)", d, st.Mode&0o7777, ErrUntrusted, d)
+		}
+		if d == "/" || d == "." {
+			return nil
+		}
+	}
 }
 
 // PinPath returns the path of the pin called name.
@@ -184,7 +216,7 @@ func (d *RunDir) Pin(name string, ns *NS) error {
 		unix.Close(fd)
 	}
 	if err != nil {
-		return fmt.Errorf("pin %s: create: %w", p, err)
+		return fmt.Errorf("pin %s: create: %w%s", p, err, FullOrReadOnly(d.Path, err))
 	}
 	if err := bindNS(ns, p); err != nil {
 		unix.Unlink(p)
@@ -205,6 +237,30 @@ func bindNS(ns *NS, path string) error {
 	}
 	defer unix.Close(tree)
 	return unix.MoveMount(tree, "", unix.AT_FDCWD, path, unix.MOVE_MOUNT_F_EMPTY_PATH)
+}
+
+// FullOrReadOnly explains an error that a full or read-only filesystem
+// causes: for ENOSPC, EDQUOT and EROFS it names the filesystem at path and
+// what it has left, as " (filesystem of PATH: ...)"; otherwise "".
+func FullOrReadOnly(path string, err error) string {
+	if !errors.Is(err, unix.ENOSPC) && !errors.Is(err, unix.EDQUOT) && !errors.Is(err, unix.EROFS) {
+		return ""
+	}
+	var fs unix.Statfs_t
+	if unix.Statfs(path, &fs) != nil {
+		return ""
+	}
+	if errors.Is(err, unix.EROFS) || fs.Flags&unix.ST_RDONLY != 0 {
+		return fmt.Sprintf(" (the filesystem of %s is mounted read-only)", path)
+	}
+	return fmt.Sprintf(" (the filesystem of %s has %d of %d inodes and %d of %d KiB free)",
+		path, fs.Ffree, fs.Files, fs.Bavail*uint64(fs.Bsize)/1024, fs.Blocks*uint64(fs.Bsize)/1024)
+}
+
+// ReadOnly reports whether the run dir's filesystem is mounted read-only.
+func (d *RunDir) ReadOnly() bool {
+	var fs unix.Statfs_t
+	return unix.Statfs(d.Path, &fs) == nil && fs.Flags&unix.ST_RDONLY != 0
 }
 
 // PinMark is the extended attribute nsfleet sets on the pin files it

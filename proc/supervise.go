@@ -158,19 +158,19 @@ func Alive(r *Record) bool {
 func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int) (*Record, *exec.Cmd, error) {
 	logPath := s.LogPath(nsName, p.Name)
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
-		return nil, nil, fmt.Errorf("process %s: log: %w", p.Name, err)
+		return nil, nil, fmt.Errorf("process %s: log: %w%s", p.Name, err, netns.FullOrReadOnly(s.Dir, err))
 	}
 	logf, err := pool.RetryValue(func() (*os.File, error) {
 		return os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("process %s: log: %w", p.Name, err)
+		return nil, nil, fmt.Errorf("process %s: log: %w%s", p.Name, err, netns.FullOrReadOnly(s.Dir, err))
 	}
 	defer logf.Close()
 	// A log that cannot be written is a start that failed: a daemon whose
 	// output vanishes is worse than one that is reported not running.
 	if _, err := fmt.Fprintf(logf, "--- nsfleet: starting %s in %s: %s\n", p.Name, nsName, strings.Join(p.Command, " ")); err != nil {
-		return nil, nil, fmt.Errorf("process %s: log %s: %w", p.Name, logPath, err)
+		return nil, nil, fmt.Errorf("process %s: log %s: %w%s", p.Name, logPath, err, netns.FullOrReadOnly(logPath, err))
 	}
 	devnull, err := pool.RetryValue(func() (*os.File, error) { return os.Open(os.DevNull) })
 	if err != nil {
@@ -201,7 +201,7 @@ func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int
 	if err := s.Save(r); err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
-		return nil, nil, fmt.Errorf("process %s: record: %w", p.Name, err)
+		return nil, nil, fmt.Errorf("process %s: record: %w%s", p.Name, err, netns.FullOrReadOnly(s.Dir, err))
 	}
 	return r, cmd, nil
 }

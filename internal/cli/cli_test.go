@@ -44,6 +44,13 @@ func TestMain(m *testing.M) {
 				args = append(args, a)
 				continue
 			}
+			if len(args) == 2 && args[0] == "@limit" {
+				// Change the limit between command lines.
+				err := os.WriteFile("/proc/sys/user/max_net_namespaces", []byte(args[1]), 0)
+				fmt.Printf("limit %s: %v\n", args[1], err)
+				args = nil
+				continue
+			}
 			code := Run(context.Background(), args, os.Stdout, os.Stdout)
 			fmt.Printf("exit %d\n", code)
 			args = nil
@@ -255,7 +262,13 @@ func TestLimitENOSPC(t *testing.T) {
 	cmd := exec.Command(os.Args[0],
 		"--run-dir", rdir, "up", "-f", specA, "--progress", "none", "--next",
 		"--run-dir", rdir, "up", "-f", specB, "--progress", "none", "--next",
-		"--run-dir", rdir, "ls")
+		"--run-dir", rdir, "ls", "--next",
+		// Once the limit is raised, a rerun converges.
+		"@limit", "100", "--next",
+		"--run-dir", rdir, "up", "-f", specB, "--progress", "none", "--next",
+		"--run-dir", rdir, "ls", "-f", specB, "--next",
+		"--run-dir", rdir, "down", "-f", specA, "--progress", "none", "--next",
+		"--run-dir", rdir, "down", "-f", specB, "--progress", "none")
 	cmd.Env = append(os.Environ(), "NSFLEET_CLI_CHILD=script", "NSFLEET_CHILD_NETNS_LIMIT=5")
 	cmd.SysProcAttr = nstest.InUserNamespace()
 	out, err := cmd.CombinedOutput()
@@ -267,6 +280,9 @@ func TestLimitENOSPC(t *testing.T) {
 		"up: 3 created", "exit 0",
 		"up: 2 created, 0 repaired, 0 unchanged, 2 failed", "network namespace limit reached (user.max_net_namespaces is 5", "exit 1",
 		"5 namespaces: 5 ok",
+		"limit 100: <nil>",
+		"up: 2 created, 0 repaired, 2 unchanged, 0 failed",
+		"4 namespaces: 4 ok",
 	} {
 		if !strings.Contains(o, want) {
 			t.Errorf("output lacks %q:\n%s", want, o)

@@ -37,6 +37,13 @@ type Lock struct{ f *os.File }
 // *HeldError. The file is never followed through a symlink.
 func Acquire(path string, wait bool) (*Lock, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	readOnly := false
+	if errors.Is(err, unix.EROFS) {
+		// A read-only filesystem: an existing lock file still locks (flock
+		// needs no write access); it just cannot name its holder.
+		f, err = os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+		readOnly = true
+	}
 	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
@@ -58,8 +65,10 @@ func Acquire(path string, wait bool) (*Lock, error) {
 		}
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
-	f.Truncate(0)
-	f.WriteAt([]byte(fmt.Sprintf("%d\n", os.Getpid())), 0)
+	if !readOnly {
+		f.Truncate(0)
+		f.WriteAt([]byte(fmt.Sprintf("%d\n", os.Getpid())), 0)
+	}
 	return &Lock{f: f}, nil
 }
 
