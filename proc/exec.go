@@ -54,6 +54,10 @@ type Options struct {
 	// Setpgid puts the command in a process group of its own (supervised
 	// daemons: a signal to the group reaches their children too).
 	Setpgid bool
+	// DieWithParent has the kernel send the command SIGKILL when nsfleet
+	// dies (exec --all: a killed nsfleet leaves no command running in a
+	// namespace behind it).
+	DieWithParent bool
 	// Self is the nsfleet executable used as the MountNS or privileges
 	// helper; empty means /proc/self/exe.
 	Self string
@@ -101,6 +105,9 @@ func Command(argv []string, opts Options) (*exec.Cmd, error) {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setpgid = opts.Setpgid
+	if opts.DieWithParent {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	if opts.Stdin != nil {
 		cmd.Stdin = opts.Stdin

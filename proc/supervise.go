@@ -1,6 +1,7 @@
 package proc
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,6 +48,49 @@ type Record struct {
 	// Stopped is set by Stop before it signals the process: a supervisor
 	// never restarts a stopped process (up starts it again).
 	Stopped bool `json:"stopped,omitempty"`
+	// Launching is set while the process is being started, before its PID
+	// is known. A record still launching when read means nsfleet died in
+	// between: Load then looks for the process by its marker (see Launch).
+	Launching bool `json:"launching,omitempty"`
+}
+
+// MarkerEnv is the environment variable Launch gives every process, naming
+// its store, namespace and name: how a process whose launch was cut short
+// by a crash is found again instead of being started twice.
+const MarkerEnv = "NSFLEET_PROCESS"
+
+func (s *Store) marker(ns, name string) string {
+	return MarkerEnv + "=" + s.Dir + ":" + ns + "/" + name
+}
+
+// recoverLaunch finds the process a cut-short launch started, by its
+// marker, and records it; with none found, the record is marked not
+// running (PID 0), so it will be started.
+func (s *Store) recoverLaunch(r *Record) (*Record, error) {
+	want := []byte(s.marker(r.Namespace, r.Name) + "\x00")
+	ents, _ := os.ReadDir("/proc")
+	r.Launching, r.PID = false, 0
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil || !bytes.Contains(append([]byte{0}, env...), append([]byte{0}, want...)) {
+			continue
+		}
+		start, state, err := procStart(pid)
+		if err != nil || state == 'Z' {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat("/proc/"+e.Name()+"/ns/net", &st) != nil {
+			continue
+		}
+		r.PID, r.StartTime, r.NetNS = pid, start, st.Ino
+		break
+	}
+	return r, s.Save(r)
 }
 
 func (s *Store) recordPath(ns, name string) string {
@@ -70,6 +114,9 @@ func (s *Store) Load(ns, name string) (*Record, error) {
 	var r Record
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("record %s: %w", s.recordPath(ns, name), err)
+	}
+	if r.Launching {
+		return s.recoverLaunch(&r)
 	}
 	return &r, nil
 }
@@ -172,6 +219,13 @@ func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int
 	if _, err := fmt.Fprintf(logf, "--- nsfleet: starting %s in %s: %s\n", p.Name, nsName, strings.Join(p.Command, " ")); err != nil {
 		return nil, nil, fmt.Errorf("process %s: log %s: %w%s", p.Name, logPath, err, netns.FullOrReadOnly(logPath, err))
 	}
+	// Recorded as launching first: if nsfleet dies between the start and
+	// the record, the next Load finds the process by its marker.
+	started := time.Now()
+	if err := s.Save(&Record{Namespace: nsName, Name: p.Name, Restarts: restarts, Started: started, Command: p.Command, Launching: true}); err != nil {
+		return nil, nil, fmt.Errorf("process %s: record: %w%s", p.Name, err, netns.FullOrReadOnly(s.Dir, err))
+	}
+	env := append(os.Environ(), s.marker(nsName, p.Name))
 	devnull, err := pool.RetryValue(func() (*os.File, error) { return os.Open(os.DevNull) })
 	if err != nil {
 		return nil, nil, err
@@ -180,7 +234,7 @@ func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int
 	// A Cmd that failed to start cannot be started again: build it anew
 	// for each try.
 	cmd, err := pool.RetryValue(func() (*exec.Cmd, error) {
-		cmd, err := Command(p.Command, Options{Stdin: devnull, Stdout: logf, Stderr: logf, Privileges: PrivilegesOf(p)})
+		cmd, err := Command(p.Command, Options{Stdin: devnull, Stdout: logf, Stderr: logf, Env: env, Privileges: PrivilegesOf(p)})
 		if err != nil {
 			return nil, err
 		}
@@ -190,9 +244,10 @@ func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int
 		return cmd, Start(ns, cmd)
 	})
 	if err != nil {
+		s.Save(&Record{Namespace: nsName, Name: p.Name, Restarts: restarts, Started: started, Command: p.Command})
 		return nil, nil, fmt.Errorf("process %s: %w", p.Name, err)
 	}
-	r := &Record{Namespace: nsName, Name: p.Name, PID: cmd.Process.Pid, NetNS: ns.Inode(), Restarts: restarts, Started: time.Now(), Command: p.Command}
+	r := &Record{Namespace: nsName, Name: p.Name, PID: cmd.Process.Pid, NetNS: ns.Inode(), Restarts: restarts, Started: started, Command: p.Command}
 	if r.StartTime, _, err = procStart(r.PID); err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()

@@ -257,7 +257,7 @@ func execPrefixed(rd *netns.RunDir, name string, argv []string, mountNS bool, st
 	// A Cmd that failed to start cannot be started again: build it anew
 	// for each try.
 	c, err := pool.RetryValue(func() (*exec.Cmd, error) {
-		c, err := proc.Command(argv, proc.Options{MountNS: mountNS, Name: name, Stdin: strings.NewReader(""), Stdout: outW, Stderr: errW})
+		c, err := proc.Command(argv, proc.Options{MountNS: mountNS, Name: name, Stdin: strings.NewReader(""), Stdout: outW, Stderr: errW, DieWithParent: true})
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Kill campaign: SIGKILL nsfleet at random moments and check that a rerun
+# converges exactly (docs/RELIABILITY.md).
+#
+#   scripts/kill-campaign.sh [-t TRIALS] [-n ROUTERS] [-b NSFLEET] [-s SEED]
+#
+# Each trial picks one of up, down, supervise and exec --all, starts it on a
+# fleet of N fake routers (each with a supervised daemon) in a private run
+# dir, kills it with SIGKILL after a random delay within the command's
+# usual duration, then runs `nsfleet up` again and checks:
+#   - ls -f SPEC says every namespace is ok;
+#   - pins = nsfs mounts on them = N (no pin without its mount, none doubled);
+#   - host veths = 2N;
+#   - exactly one daemon per namespace, each matching its record (no
+#     orphan process, no stale record); no exec --all command left running.
+# A failed check stops the campaign and leaves the evidence in the work dir.
+# Everything is removed at the end, also on Ctrl-C. Prints one line per
+# trial and a summary; exits non-zero if any trial did not converge.
+set -euo pipefail
+
+trials=10 routers=200 seed=$$ bin=""
+while getopts "t:n:b:s:" o; do
+	case $o in
+	t) trials=$OPTARG ;;
+	n) routers=$OPTARG ;;
+	b) bin=$OPTARG ;;
+	s) seed=$OPTARG ;;
+	*) sed -n '2,20p' "$0" >&2; exit 2 ;;
+	esac
+done
+[ "$(id -u)" = 0 ] || { echo "kill-campaign: needs root" >&2; exit 2; }
+RANDOM=$seed
+
+work=$(mktemp -d /tmp/nsfleet-kill.XXXXXX)
+if [ -z "$bin" ]; then
+	bin=$work/nsfleet
+	(cd "$(dirname "$0")/.." && go build -o "$bin" ./cmd/nsfleet)
+fi
+prefix="k$((seed % 10000))-"
+rundir=$work/netns
+spec=$work/spec.yaml
+cat >"$spec" <<EOF
+namespaces:
+  - name: "${prefix}bar-{i}"
+    count: $routers
+    sysctls:
+      net.ipv4.ip_forward: "1"
+    veths:
+      - host: "${prefix}o{i}"
+        peer: "qri-{i}"
+      - host: "${prefix}g{i}"
+        peer: "qgi-{i}"
+    processes:
+      - name: daemon
+        command: ["sleep", "100000"]
+        restart: always
+EOF
+
+nsf() { "$bin" --run-dir "$rundir" "$@"; }
+
+victim=""
+cleanup() {
+	[ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
+	nsf down -f "$spec" --grace 1s --progress none >/dev/null 2>&1 || true
+	umount -l "$rundir" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+# pins_mounts prints "PINS MOUNTS": entries in the run dir, nsfs mounts on them.
+pins_mounts() {
+	local pins mounts
+	pins=$(find "$rundir" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+	mounts=$(awk -v d="$rundir/" '$9 == "nsfs" && index($5, d) == 1' /proc/self/mountinfo | wc -l)
+	echo "$pins $mounts"
+}
+
+# daemons counts live `sleep 100000` processes in this fleet's namespaces and
+# checks each against its record.
+check_daemons() {
+	local n=0 bad=0 ns pid rec
+	declare -A inode_of=()
+	for f in "$rundir"/*; do
+		[ -e "$f" ] || continue
+		inode_of[$(stat -L -c %i "$f")]=$(basename "$f")
+	done
+	for d in /proc/[0-9]*; do
+		pid=${d#/proc/}
+		ino=$(stat -L -c %i "$d/ns/net" 2>/dev/null) || continue
+		ns=${inode_of[$ino]:-}
+		[ -n "$ns" ] || continue
+		state=$(awk '{print $3}' "$d/stat" 2>/dev/null) || continue
+		[ "$state" = Z ] && continue
+		cmd=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
+		case $cmd in
+		"sleep 100000 ") ;;
+		*) echo "  orphan in $ns: pid $pid: $cmd"; bad=$((bad + 1)); continue ;;
+		esac
+		rec=$work/.nsfleet-netns/procs/$ns/daemon.json
+		if ! grep -q "\"pid\": $pid," "$rec" 2>/dev/null; then
+			echo "  daemon pid $pid in $ns does not match its record"
+			bad=$((bad + 1))
+		fi
+		n=$((n + 1))
+	done
+	if [ "$n" != "$routers" ]; then
+		echo "  $n daemons, want $routers"
+		bad=$((bad + 1))
+	fi
+	return $((bad > 0))
+}
+
+converged() {
+	local why=0 pm veths
+	if ! nsf ls -f "$spec" -o json >"$work/ls.json" 2>"$work/ls.err"; then
+		echo "  ls -f: $(grep -c '"state": "ok"' "$work/ls.json") of $routers ok"
+		why=1
+	fi
+	pm=$(pins_mounts)
+	if [ "$pm" != "$routers $routers" ]; then
+		echo "  pins and mounts: $pm, want $routers $routers"
+		why=1
+	fi
+	veths=$(ip -o link show | awk -F': ' '{print $2}' | grep -c "^${prefix}[og][0-9]*@" || true)
+	if [ "$veths" != $((2 * routers)) ]; then
+		echo "  host veths: $veths, want $((2 * routers))"
+		why=1
+	fi
+	check_daemons || why=1
+	return $why
+}
+
+# Usual durations (ms), measured once, bound the random kill delays.
+t0=$(date +%s%N); nsf up -f "$spec" --progress none >/dev/null; t1=$(date +%s%N)
+nsf down -f "$spec" --progress none --grace 1s >/dev/null; t2=$(date +%s%N)
+up_ms=$(((t1 - t0) / 1000000 + 50)) down_ms=$(((t2 - t1) / 1000000 + 50))
+echo "kill-campaign: $trials trials, $routers routers, seed $seed; up takes ~${up_ms} ms, down ~${down_ms} ms"
+
+ok=0 failed=0
+declare -A per=()
+for ((trial = 1; trial <= trials; trial++)); do
+	cmds=(up down supervise exec)
+	what=${cmds[RANDOM % 4]}
+	# Start from a random state: empty, half the fleet, or all of it.
+	case $((RANDOM % 3)) in
+	0) nsf down -f "$spec" --progress none --grace 1s >/dev/null 2>&1 || true ;;
+	1) nsf up -f "$spec" --progress none >/dev/null 2>&1 || true
+	   nsf down --prefix "${prefix}bar-1" --progress none --grace 1s >/dev/null 2>&1 || true ;;
+	2) nsf up -f "$spec" --progress none >/dev/null 2>&1 || true ;;
+	esac
+	if [ "$what" != up ]; then
+		nsf up -f "$spec" --progress none >/dev/null 2>&1 || true
+	fi
+	case $what in
+	up) limit=$up_ms; nsf down -f "$spec" --progress none --grace 1s >/dev/null 2>&1 || true
+	    if ((RANDOM % 2)); then nsf up -f "$spec" --progress none >/dev/null 2>&1 || true; nsf down --prefix "${prefix}bar-2" --progress none >/dev/null 2>&1 || true; fi
+	    "$bin" --run-dir "$rundir" up -f "$spec" --progress none >/dev/null 2>&1 & ;;
+	down) limit=$down_ms; "$bin" --run-dir "$rundir" down -f "$spec" --progress none --grace 1s >/dev/null 2>&1 & ;;
+	supervise)
+		limit=2000
+		# Kill some daemons so the supervisor has restarts to do.
+		for pid in $(pgrep -f '^sleep 100000$' | shuf -n 5 --random-source=<(yes $RANDOM) 2>/dev/null); do
+			if [ "$(stat -L -c %i /proc/$pid/ns/net)" != "$(stat -L -c %i /proc/self/ns/net)" ]; then kill -9 "$pid" 2>/dev/null || true; fi
+		done
+		"$bin" --run-dir "$rundir" supervise -f "$spec" --backoff 50ms --tick 50ms >/dev/null 2>&1 & ;;
+	exec) limit=$up_ms; "$bin" --run-dir "$rundir" exec --all -f "$spec" --parallel 16 -- sleep 0.05 >/dev/null 2>&1 & ;;
+	esac
+	victim=$!
+	delay=$((RANDOM % limit))
+	sleep "$(printf '0.%03d' "$delay")" 2>/dev/null || sleep "$((delay / 1000))"
+	kill -9 "$victim" 2>/dev/null || true
+	wait "$victim" 2>/dev/null || true
+	victim=""
+	# exec --all commands die with nsfleet (Pdeathsig); give them a moment.
+	sleep 0.1
+	if ! nsf up -f "$spec" --progress none >"$work/rerun.out" 2>&1; then
+		echo "trial $trial: $what killed at ${delay} ms: rerun failed: $(tail -1 "$work/rerun.out")"
+		failed=$((failed + 1)); per[$what]=$((${per[$what]:-0} + 1))
+		continue
+	fi
+	if report=$(converged); then
+		ok=$((ok + 1))
+		echo "trial $trial: $what killed at ${delay} ms: converged"
+	else
+		failed=$((failed + 1)); per[$what]=$((${per[$what]:-0} + 1))
+		echo "trial $trial: $what killed at ${delay} ms: NOT converged"
+		echo "$report"
+	fi
+done
+echo "kill-campaign: $ok/$trials trials converged ($routers routers, seed $seed)"
+[ "$failed" = 0 ]
