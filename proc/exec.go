@@ -102,6 +102,7 @@ func Command(argv []string, opts Options) (*exec.Cmd, error) {
 			return nil, err
 		}
 		cmd = exec.Command(path, argv[1:]...)
+		cmd.Args[0] = argv[0] // as the spec wrote it, as a shell would
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setpgid = opts.Setpgid

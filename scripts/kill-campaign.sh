@@ -93,7 +93,7 @@ check_daemons() {
 		[ "$state" = Z ] && continue
 		cmd=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
 		case $cmd in
-		"sleep 100000 ") ;;
+		"sleep 100000 " | */sleep\ 100000\ ) ;;
 		*) echo "  orphan in $ns: pid $pid: $cmd"; bad=$((bad + 1)); continue ;;
 		esac
 		rec=$work/.nsfleet-netns/procs/$ns/daemon.json
@@ -141,26 +141,26 @@ declare -A per=()
 for ((trial = 1; trial <= trials; trial++)); do
 	cmds=(up down supervise exec)
 	what=${cmds[RANDOM % 4]}
-	# Start from a random state: empty, half the fleet, or all of it.
-	case $((RANDOM % 3)) in
-	0) nsf down -f "$spec" --progress none --grace 1s >/dev/null 2>&1 || true ;;
+	# Start from a random state: none, some or all of the fleet (a supervise
+	# or exec --all trial starts from all of it).
+	state=$((RANDOM % 3))
+	[ "$what" = up ] || state=2
+	nsf down -f "$spec" --progress none --grace 1s >/dev/null 2>&1 || true
+	case $state in
 	1) nsf up -f "$spec" --progress none >/dev/null 2>&1 || true
 	   nsf down --prefix "${prefix}bar-1" --progress none --grace 1s >/dev/null 2>&1 || true ;;
 	2) nsf up -f "$spec" --progress none >/dev/null 2>&1 || true ;;
 	esac
-	if [ "$what" != up ]; then
-		nsf up -f "$spec" --progress none >/dev/null 2>&1 || true
-	fi
 	case $what in
-	up) limit=$up_ms; nsf down -f "$spec" --progress none --grace 1s >/dev/null 2>&1 || true
-	    if ((RANDOM % 2)); then nsf up -f "$spec" --progress none >/dev/null 2>&1 || true; nsf down --prefix "${prefix}bar-2" --progress none >/dev/null 2>&1 || true; fi
-	    "$bin" --run-dir "$rundir" up -f "$spec" --progress none >/dev/null 2>&1 & ;;
+	up) limit=$up_ms; "$bin" --run-dir "$rundir" up -f "$spec" --progress none >/dev/null 2>&1 & ;;
 	down) limit=$down_ms; "$bin" --run-dir "$rundir" down -f "$spec" --progress none --grace 1s >/dev/null 2>&1 & ;;
 	supervise)
 		limit=2000
-		# Kill some daemons so the supervisor has restarts to do.
-		for pid in $(pgrep -f '^sleep 100000$' | shuf -n 5 --random-source=<(yes $RANDOM) 2>/dev/null); do
-			if [ "$(stat -L -c %i /proc/$pid/ns/net)" != "$(stat -L -c %i /proc/self/ns/net)" ]; then kill -9 "$pid" 2>/dev/null || true; fi
+		# Kill a few daemons (ours, by the PIDs in their records) so the
+		# supervisor has restarts to do.
+		for rec in $(ls "$work"/.nsfleet-netns/procs/*/daemon.json | shuf -n 5); do
+			pid=$(sed -n 's/.*"pid": \([0-9]*\),/\1/p' "$rec")
+			[ -n "$pid" ] && grep -q "sleep" "/proc/$pid/cmdline" 2>/dev/null && kill -9 "$pid"
 		done
 		"$bin" --run-dir "$rundir" supervise -f "$spec" --backoff 50ms --tick 50ms >/dev/null 2>&1 & ;;
 	exec) limit=$up_ms; "$bin" --run-dir "$rundir" exec --all -f "$spec" --parallel 16 -- sleep 0.05 >/dev/null 2>&1 & ;;
