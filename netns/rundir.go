@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/nsfleet/nsfleet/internal/lockfile"
+	"github.com/nsfleet/nsfleet/internal/names"
 	"github.com/nsfleet/nsfleet/internal/pool"
 	"golang.org/x/sys/unix"
 )
@@ -426,8 +427,8 @@ func nsfsInode(root string) uint64 {
 }
 
 func checkName(name string) error {
-	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") || len(name) > 255 {
-		return fmt.Errorf("namespace name %q: %w", name, syscall.EINVAL)
+	if err := names.Namespace(name); err != nil {
+		return fmt.Errorf("%w: %w", err, syscall.EINVAL)
 	}
 	return nil
 }

@@ -3,47 +3,19 @@ package spec
 import (
 	"fmt"
 	"strings"
+
+	"github.com/nsfleet/nsfleet/internal/names"
 )
 
 // IFNAMSIZ is the kernel's interface name buffer: 15 bytes and a NUL.
-const IFNAMSIZ = 16
+const IFNAMSIZ = names.IFNAMSIZ
 
-// ValidNamespaceName applies iproute2's rules for `ip netns add NAME`
-// (a file name under the run dir): not empty, not "." or "..", no '/', at
-// most 255 bytes. NUL and newline are refused too: no tool can show them.
-func ValidNamespaceName(name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("namespace name is empty")
-	case name == "." || name == "..":
-		return fmt.Errorf("namespace name %q is not allowed", name)
-	case strings.ContainsAny(name, "/\x00\n"):
-		return fmt.Errorf("namespace name %q contains '/', NUL or newline", name)
-	case len(name) > 255:
-		return fmt.Errorf("namespace name %.20q... is %d bytes, above 255", name, len(name))
-	}
-	return nil
-}
+// ValidNamespaceName applies iproute2's rules for a namespace name (see
+// package names, which holds them).
+func ValidNamespaceName(name string) error { return names.Namespace(name) }
 
-// ValidInterfaceName applies the kernel's dev_valid_name: 1 to 15 bytes, not
-// "." or "..", no '/', ':' or whitespace.
-func ValidInterfaceName(name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("interface name is empty")
-	case len(name) >= IFNAMSIZ:
-		return fmt.Errorf("interface name %q is %d bytes, above the kernel's 15", name, len(name))
-	case name == "." || name == "..":
-		return fmt.Errorf("interface name %q is not allowed", name)
-	}
-	for i := 0; i < len(name); i++ {
-		switch c := name[i]; c {
-		case '/', ':', 0, ' ', '\t', '\n', '\v', '\f', '\r':
-			return fmt.Errorf("interface name %q contains %q, which the kernel refuses", name, c)
-		}
-	}
-	return nil
-}
+// ValidInterfaceName applies the kernel's dev_valid_name (see package names).
+func ValidInterfaceName(name string) error { return names.Interface(name) }
 
 // globalNetSysctls are keys under net. that the kernel keeps once for the
 // whole machine, not per namespace (net/core/sysctl_net_core.c net_core_table
@@ -115,16 +87,9 @@ func normalizeSysctlKey(key string) string {
 	return key
 }
 
-// SysctlPath turns a dotted key into its path under /proc/sys. As sysctl(8)
-// does, a '/' inside a dotted key stands for a '.' in an interface name
-// (net.ipv4.conf.eth0/100.forwarding -> net/ipv4/conf/eth0.100/forwarding).
-func SysctlPath(key string) string {
-	parts := strings.Split(key, ".")
-	for i, p := range parts {
-		parts[i] = strings.ReplaceAll(p, "/", ".")
-	}
-	return strings.Join(parts, "/")
-}
+// SysctlPath turns a dotted key into its path under /proc/sys (see
+// package names).
+func SysctlPath(key string) string { return names.SysctlPath(key) }
 
 // ValidSysctl refuses keys outside net., keys the kernel keeps machine-wide,
 // malformed keys, and values that could not be written as one line.

@@ -22,8 +22,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/nsfleet/nsfleet/internal/names"
 	"github.com/nsfleet/nsfleet/internal/pool"
-	"github.com/nsfleet/nsfleet/spec"
 	"golang.org/x/sys/unix"
 )
 
@@ -114,7 +114,7 @@ func (p *Procfs) Close() error {
 var ErrUnknownKey = errors.New("no such sysctl in this namespace")
 
 func (p *Procfs) open(key string, flags int) (int, error) {
-	path := "sys/" + spec.SysctlPath(key)
+	path := "sys/" + names.SysctlPath(key)
 	fd, err := pool.RetryValue(func() (int, error) { return unix.Openat(p.fd, path, flags|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0) })
 	if errors.Is(err, unix.ENOENT) {
 		return -1, fmt.Errorf("sysctl %s: %w", key, ErrUnknownKey)

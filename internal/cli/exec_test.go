@@ -244,3 +244,45 @@ func testExecMountNS(t *testing.T) {
 		t.Fatal("the helper's bind leaked to the host")
 	}
 }
+
+// Every spelling of `exec NAME CMD` takes the C fast path: the command is
+// exec'd before the Go runtime starts, so Go's init trace (GODEBUG) never
+// prints. Spellings the fast path leaves to Go still work.
+func TestExecFastPathSpellings(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	fleetOf(t, rd.Path, p, 1)
+	name := p + "n-1"
+	var st unix.Stat_t
+	if err := unix.Stat(rd.PinPath(name), &st); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("net:[%d]", st.Ino)
+	cmdline := []string{"readlink", "/proc/self/ns/net"}
+	for _, c := range []struct {
+		args []string
+		fast bool
+	}{
+		{append([]string{"--run-dir", rd.Path, "exec", name, "--"}, cmdline...), true},
+		{append([]string{"--run-dir", rd.Path, "exec", name}, cmdline...), true},
+		{append([]string{"--run-dir=" + rd.Path, "exec", name}, cmdline...), true},
+		{append([]string{"-v", "--run-dir", rd.Path, "--wait-lock", "-w", "3", "exec", name, "--"}, cmdline...), true},
+		{append([]string{"exec", "--run-dir", rd.Path, name, "--"}, cmdline...), true},
+		{append([]string{"exec", "--run-dir", rd.Path, "--", name}, cmdline...), true},
+		{append([]string{"--workers=2", "exec", "--run-dir=" + rd.Path, name}, cmdline...), true},
+		{append([]string{"--run-dir", rd.Path, "exec", "--mount-ns", name, "--"}, cmdline...), false},
+	} {
+		cmd := child(c.args...)
+		cmd.Env = append(cmd.Env, "GODEBUG=inittrace=1")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil || strings.TrimSpace(string(out)) != want {
+			t.Errorf("%q: %v, output %q, want %s\n%s", c.args, err, out, want, stderr.String())
+			continue
+		}
+		if fast := !strings.Contains(stderr.String(), "init "); fast != c.fast {
+			t.Errorf("%q: fast path %v, want %v", c.args, fast, c.fast)
+		}
+	}
+}

@@ -4,91 +4,88 @@
 // beyond the stack, and every failure before execve leaves the process as
 // it found it.
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <stdio.h>
-#include <sys/mount.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
 #define NSFS_MAGIC_ 0x6e736673
 
-static int valid_name(const char *s)
+// valid_name is names.Namespace (internal/names) in C; fastexec_test.go
+// holds the two to the same table.
+int nsfleet_valid_name(const char *s)
 {
 	size_t n = strlen(s);
-	return n > 0 && n <= 255 && strcmp(s, ".") && strcmp(s, "..") && !strchr(s, '/');
+	return n > 0 && n <= 255 && strcmp(s, ".") && strcmp(s, "..") && !strchr(s, '/') && !strchr(s, '\n');
 }
 
-// mount_like_iproute2 gives the process what `ip netns exec` gives: a new
-// mount namespace, slave to the host's, a /sys for the current network
-// namespace, and /etc/netns/NAME/* bound over /etc. Returns -1 on failure.
-static int mount_like_iproute2(const char *name)
+// skip_global_flag returns how many arguments at argv[i] are one of
+// nsfleet's global flags (0 if argv[i] is none), storing --run-dir's value.
+static int skip_global_flag(int argc, char **argv, int i, const char **rundir)
 {
-	char src[PATH_MAX], dst[PATH_MAX];
-	struct statvfs vfs;
-	unsigned long flags = 0;
-
-	if (unshare(CLONE_NEWNS) < 0)
-		return -1;
-	if (mount("", "/", "none", MS_SLAVE | MS_REC, NULL) < 0)
-		return -1;
-	if (statvfs("/sys", &vfs) == 0 && (vfs.f_flag & ST_RDONLY))
-		flags = MS_RDONLY;
-	umount2("/sys", MNT_DETACH);
-	if (mount(name, "/sys", "sysfs", flags, NULL) < 0)
-		return -1;
-	snprintf(src, sizeof(src), "/etc/netns/%s", name);
-	DIR *d = opendir(src);
-	if (d == NULL)
-		return 0;
-	struct dirent *e;
-	while ((e = readdir(d)) != NULL) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(src, sizeof(src), "/etc/netns/%s/%s", name, e->d_name);
-		snprintf(dst, sizeof(dst), "/etc/%s", e->d_name);
-		if (mount(src, dst, "none", MS_BIND, NULL) < 0)
-			fprintf(stderr, "nsfleet exec: bind %s -> %s failed: %s\n", src, dst, strerror(errno));
+	const char *a = argv[i];
+	if (!strcmp(a, "--run-dir") || !strcmp(a, "--workers") || !strcmp(a, "-w")) {
+		if (i + 1 >= argc)
+			return 0;
+		if (!strcmp(a, "--run-dir"))
+			*rundir = argv[i + 1];
+		return 2;
 	}
-	closedir(d);
+	if (!strncmp(a, "--run-dir=", 10)) {
+		*rundir = a + 10;
+		return 1;
+	}
+	if (!strncmp(a, "--workers=", 10) || (!strncmp(a, "-w", 2) && a[2] >= '0' && a[2] <= '9'))
+		return 1;
+	if (!strcmp(a, "-v") || !strcmp(a, "--verbose") || !strcmp(a, "--wait-lock"))
+		return 1;
 	return 0;
+}
+
+// parse_exec recognises every spelling of the fast path,
+//
+//	nsfleet [GLOBAL...] exec [GLOBAL...] [--] NAME [--] CMD [ARGS...]
+//
+// as cobra parses it (flags stop at NAME), and returns the index of CMD
+// with *name set, or 0 for anything else: other flags of exec (--mount-ns,
+// --all, --help) and other commands take the Go path.
+static int parse_exec(int argc, char **argv, const char **rundir, const char **name)
+{
+	int i = 1, n;
+	while (i < argc && (n = skip_global_flag(argc, argv, i, rundir)) > 0)
+		i += n;
+	if (i >= argc || strcmp(argv[i], "exec"))
+		return 0;
+	i++;
+	while (i < argc && (n = skip_global_flag(argc, argv, i, rundir)) > 0)
+		i += n;
+	if (i < argc && !strcmp(argv[i], "--"))
+		i++;
+	else if (i < argc && argv[i][0] == '-')
+		return 0;
+	if (i >= argc)
+		return 0;
+	*name = argv[i++];
+	if (i < argc && !strcmp(argv[i], "--"))
+		i++;
+	if (i >= argc || argv[i][0] == '\0')
+		return 0;
+	return i;
 }
 
 __attribute__((constructor)) static void nsfleet_fastexec(int argc, char **argv, char **envp)
 {
-	const char *rundir = "/run/netns";
-	int i = 1, mountns = 0;
+	const char *rundir = "/run/netns", *name = NULL;
 
-	if (argc < 5 || argv == NULL)
+	if (argc < 3 || argv == NULL || getenv("NSFLEET_NO_FASTEXEC"))
 		return;
-	if (getenv("NSFLEET_NO_FASTEXEC"))
+	int c = parse_exec(argc, argv, &rundir, &name);
+	if (c == 0 || !nsfleet_valid_name(name))
 		return;
-	if (strcmp(argv[i], "--run-dir") == 0 && i + 1 < argc) {
-		rundir = argv[i + 1];
-		i += 2;
-	} else if (strncmp(argv[i], "--run-dir=", 10) == 0) {
-		rundir = argv[i] + 10;
-		i++;
-	}
-	if (i + 3 >= argc || strcmp(argv[i], "exec"))
-		return;
-	if (strcmp(argv[i + 1], "--mount-ns") == 0) {
-		mountns = 1;
-		i++;
-	}
-	if (i + 3 >= argc || strcmp(argv[i + 2], "--"))
-		return;
-	const char *name = argv[i + 1];
-	char **cmd = &argv[i + 3];
-	if (!valid_name(name) || cmd[0][0] == '\0')
-		return;
+	char **cmd = &argv[c];
 
 	int dir = open(rundir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (dir < 0)
@@ -103,20 +100,15 @@ __attribute__((constructor)) static void nsfleet_fastexec(int argc, char **argv,
 		return;
 	}
 	int home = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-	int homemnt = open("/proc/thread-self/ns/mnt", O_RDONLY | O_CLOEXEC);
-	if (home < 0 || homemnt < 0 || setns(ns, CLONE_NEWNET) < 0)
+	if (home < 0 || setns(ns, CLONE_NEWNET) < 0)
 		goto out;
-	if (!mountns || mount_like_iproute2(name) == 0)
-		execvpe(cmd[0], cmd, envp);
-	// Not found, not executable, or the mounts failed: go back and let the
-	// Go code do it and report what went wrong. Never run Go in the wrong
-	// namespaces.
-	if (setns(home, CLONE_NEWNET) < 0 || (mountns && setns(homemnt, CLONE_NEWNS) < 0))
+	execvpe(cmd[0], cmd, envp);
+	// Not found or not executable: go back and let the Go code do it and
+	// report what went wrong. Never run Go in the wrong namespace.
+	if (setns(home, CLONE_NEWNET) < 0)
 		_exit(125);
 out:
 	close(ns);
 	if (home >= 0)
 		close(home);
-	if (homemnt >= 0)
-		close(homemnt);
 }
