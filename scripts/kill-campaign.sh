@@ -75,39 +75,39 @@ pins_mounts() {
 	echo "$pins $mounts"
 }
 
-# daemons counts live `sleep 100000` processes in this fleet's namespaces and
-# checks each against its record.
+# check_daemons checks that each namespace of the fleet runs exactly one
+# daemon, the one its record names, and nothing else (a handful of
+# processes for the whole machine, not a few per PID).
 check_daemons() {
-	local n=0 bad=0 ns pid rec
-	declare -A inode_of=()
-	for f in "$rundir"/*; do
-		[ -e "$f" ] || continue
-		inode_of[$(stat -L -c %i "$f")]=$(basename "$f")
-	done
-	for d in /proc/[0-9]*; do
-		pid=${d#/proc/}
-		ino=$(stat -L -c %i "$d/ns/net" 2>/dev/null) || continue
-		ns=${inode_of[$ino]:-}
-		[ -n "$ns" ] || continue
-		state=$(awk '{print $3}' "$d/stat" 2>/dev/null) || continue
-		[ "$state" = Z ] && continue
-		cmd=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
-		case $cmd in
-		"sleep 100000 " | */sleep\ 100000\ ) ;;
-		*) echo "  orphan in $ns: pid $pid: $cmd"; bad=$((bad + 1)); continue ;;
-		esac
-		rec=$work/.nsfleet-netns/procs/$ns/daemon.json
-		if ! grep -q "\"pid\": $pid," "$rec" 2>/dev/null; then
-			echo "  daemon pid $pid in $ns does not match its record"
-			bad=$((bad + 1))
-		fi
-		n=$((n + 1))
-	done
-	if [ "$n" != "$routers" ]; then
-		echo "  $n daemons, want $routers"
-		bad=$((bad + 1))
-	fi
-	return $((bad > 0))
+	local pins
+	pins=$(for f in "$rundir"/*; do [ -e "$f" ] && echo "$(stat -L -c %i "$f") $(basename "$f")"; done)
+	# PID, netns inode (of every process we may look at), state, command.
+	stat -L -c '%n %i' /proc/[0-9]*/ns/net 2>/dev/null | sed 's|^/proc/\([0-9]*\)/ns/net|\1|' >"$work/pidns"
+	ps -e -o pid=,stat=,args= >"$work/ps"
+	for rec in "$work"/.nsfleet-netns/procs/*/daemon.json; do
+		[ -e "$rec" ] || continue
+		echo "$(basename "$(dirname "$rec")") $(sed -n 's/.*"pid": \([0-9]*\),/\1/p' "$rec")"
+	done >"$work/recs"
+	echo "$pins" | awk -v want="$routers" -v pidns="$work/pidns" -v psf="$work/ps" -v recs="$work/recs" '
+		{ ns[$1] = $2 }
+		END {
+			while ((getline l < recs) > 0) { split(l, f, " "); rec[f[1]] = f[2] }
+			while ((getline l < psf) > 0) {
+				n = split(l, f, " "); pid = f[1]; st[pid] = f[2]
+				cmd[pid] = ""; for (i = 3; i <= n; i++) cmd[pid] = cmd[pid] (i > 3 ? " " : "") f[i]
+			}
+			bad = 0; count = 0
+			while ((getline l < pidns) > 0) {
+				split(l, f, " "); pid = f[1]; name = ns[f[2]]
+				if (name == "" || !(pid in st) || st[pid] ~ /^Z/) continue
+				if (cmd[pid] !~ /(^|\/)sleep 100000$/) { print "  orphan in " name ": pid " pid ": " cmd[pid]; bad++; continue }
+				if (rec[name] != pid) { print "  daemon pid " pid " in " name " does not match its record (" rec[name] ")"; bad++ }
+				count++; per[name]++
+			}
+			for (n in per) if (per[n] > 1) { print "  " per[n] " daemons in " n; bad++ }
+			if (count != want) { print "  " count " daemons, want " want; bad++ }
+			exit bad > 0
+		}'
 }
 
 converged() {
@@ -121,7 +121,13 @@ converged() {
 		echo "  pins and mounts: $pm, want $routers $routers"
 		why=1
 	fi
-	veths=$(ip -o link show | awk -F': ' '{print $2}' | grep -c "^${prefix}[og][0-9]*@" || true)
+	# A dump can be cut short while the kernel frees other namespaces: try
+	# a few times before calling it a difference.
+	for _ in 1 2 3 4 5; do
+		veths=$(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep -c "^${prefix}[og][0-9]*@" || true)
+		[ "$veths" = $((2 * routers)) ] && break
+		sleep 0.5
+	done
 	if [ "$veths" != $((2 * routers)) ]; then
 		echo "  host veths: $veths, want $((2 * routers))"
 		why=1
