@@ -47,7 +47,9 @@ func (s Selector) match(pins []netns.PinInfo) []netns.PinInfo {
 // DownOptions tune Down beyond Options.
 type DownOptions struct {
 	// Wait for the kernel to finish: host-side veths gone and namespaces
-	// freed. Timeout bounds the wait (0: 60 s).
+	// freed. Timeout bounds how long the wait may go without progress
+	// (0: 60 s): a teardown that keeps freeing never times out, however
+	// large; one where nothing moves for Timeout is reported as pending.
 	Wait    bool
 	Timeout time.Duration
 }
@@ -59,7 +61,7 @@ type DownReport struct {
 	LinksGone   time.Duration // when the last host-side veth was gone
 	Freed       time.Duration // when the kernel had freed the namespaces
 	Waited      bool
-	Pending     []string // still there at the timeout
+	Pending     []string // still there when the wait stalled
 	HostVeths   int      // host-side veths that went with the namespaces
 	StaleRemove int      // pin files without a namespace, removed
 }
@@ -74,11 +76,35 @@ type target struct {
 	veths map[int]string // host-side veths paired into it
 }
 
-// Down deletes the selected namespaces in bulk. It first checks every one
-// (nsfleet's own, unless Adopt), then detaches and removes all the pins, so
-// the kernel can free them in large batches; it never deletes veths one by
-// one (each would wait for an RCU grace period). With Wait it returns when
-// the kernel has finished, or reports what is pending at the timeout.
+// teardown is the state one Down call shares between its phases.
+type teardown struct {
+	ctx   context.Context
+	opts  Options
+	rd    *netns.RunDir
+	t     *tally
+	host  *rtnl.Conn
+	stale atomic.Int64
+
+	progMu sync.Mutex
+}
+
+func (td *teardown) progress(phase string, done, total int) {
+	if td.opts.OnProgress != nil {
+		td.progMu.Lock()
+		td.opts.OnProgress(phase, done, total)
+		td.progMu.Unlock()
+	}
+}
+
+func (td *teardown) fail(name string, a Action, err error) {
+	td.t.add(Result{Name: name, Action: a, Err: &Error{Op: "down", Namespace: name, Err: err}})
+}
+
+// Down deletes the selected namespaces in bulk, in three phases: check
+// every one (nsfleet's own, unless Adopt) and stop its processes; then
+// detach and remove all the pins at once, so the kernel can free them in
+// large batches (it never deletes veths one by one: each would wait for an
+// RCU grace period); then, with Wait, wait until the kernel has finished.
 func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (DownReport, error) {
 	opts = opts.withDefaults()
 	rd := opts.RunDir
@@ -97,79 +123,11 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 		return DownReport{}, fmt.Errorf("down: %w", err)
 	}
 	defer host.Close()
-	hostLinks, err := host.Links()
+	td := &teardown{ctx: ctx, opts: opts, rd: rd, host: host, t: newTally(len(pins), opts.Mark, opts.OnResult)}
+	targets, err := td.check(pins)
 	if err != nil {
-		return DownReport{}, fmt.Errorf("down: host: %w", err)
+		return DownReport{}, fmt.Errorf("down: %w", err)
 	}
-	byNsID := map[int]map[int]string{}
-	for _, l := range hostLinks {
-		if l.Type == "veth" && l.PeerNsID >= 0 {
-			if byNsID[l.PeerNsID] == nil {
-				byNsID[l.PeerNsID] = map[int]string{}
-			}
-			byNsID[l.PeerNsID][l.Index] = l.Name
-		}
-	}
-
-	t := newTally(len(pins), opts.Mark, opts.OnResult)
-	var rep DownReport
-	// First check every namespace (nsfleet's own, unless Adopt) and note its
-	// host veths: cheap, since the host is asked about each lo by nsid.
-	targets := make([]*target, len(pins))
-	var stale atomic.Int64
-	// The checks mostly wait in the kernel: more workers than CPUs help
-	// (5,000 routers: pins gone at 0.98 s with 2, 0.77 s with 4 or 8).
-	checkers := opts.Workers
-	if checkers <= 0 {
-		checkers = min(4*DefaultWorkers(), 16)
-	}
-	parallel(ctx, min(checkers, max(len(pins), 1)), len(pins), func(c *rtnl.Conn, i int) {
-		p := pins[i]
-		fail := func(a Action, err error) {
-			t.add(Result{Name: p.Name, Action: a, Err: &Error{Op: "down", Namespace: p.Name, Err: err}})
-		}
-		switch {
-		case p.Symlink:
-			fail(Failed, fmt.Errorf("pin %s: %w", rd.PinPath(p.Name), netns.ErrSymlink))
-			return
-		case !p.Mounted && p.Mounts > 0:
-			fail(Failed, fmt.Errorf("pin %s: something other than a namespace is mounted on it", rd.PinPath(p.Name)))
-			return
-		case !p.Mounted:
-			// A pin file with no namespace: what a crash between create and
-			// mount leaves. Removing it is what `ip netns del` would do.
-			if opts.DryRun {
-				t.add(Result{Name: p.Name, Action: "would delete"})
-				return
-			}
-			if err := rd.Unpin(p.Name); err != nil {
-				fail(Failed, err)
-				return
-			}
-			stale.Add(1)
-			t.add(Result{Name: p.Name, Action: Deleted, Fixes: []string{"removed pin file with no namespace"}})
-			return
-		}
-		tg, err := check(rd, c, p.Name, byNsID, opts.Adopt)
-		if err != nil {
-			if errors.Is(err, ErrForeign) {
-				fail(Skipped, err)
-			} else {
-				fail(Failed, err)
-			}
-			return
-		}
-		if opts.DryRun {
-			t.add(Result{Name: p.Name, Action: "would delete"})
-			return
-		}
-		// Its supervised processes go first: they hold the namespace.
-		if err := opts.store().StopAll(p.Name, opts.grace()); err != nil {
-			fail(Failed, err)
-			return
-		}
-		targets[i] = tg
-	})
 	// The sentinels that will prove the kernel finished are made now, so
 	// that releasing them right after the last unpin costs nothing.
 	var sents []*sentinel
@@ -183,103 +141,205 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 			sents = append(sents, sn)
 		}
 	}
-	// Then unpin them all at once. Each unmount waits for an expedited RCU
-	// grace period (namespace_unlock); waiters that overlap share one, so
-	// many unpinners, mostly asleep, finish far sooner than a few.
-	var live []*target
-	for _, tg := range targets {
-		if tg != nil {
-			live = append(live, tg)
-		}
-	}
-	var unpinned atomic.Int64
-	var progMu sync.Mutex
-	progress := func(phase string, done, total int) {
-		if opts.OnProgress != nil {
-			progMu.Lock()
-			opts.OnProgress(phase, done, total)
-			progMu.Unlock()
-		}
-	}
-	pool.Each(ctx, len(live), unpinners, func(i int) {
-		tg := live[i]
-		defer func() { progress("delete", int(unpinned.Add(1)), len(live)) }()
-		if err := rd.Unpin(tg.name); err != nil {
-			t.add(Result{Name: tg.name, Action: Failed, Err: &Error{Op: "down", Namespace: tg.name, Err: err}})
-			live[i] = nil
-			return
-		}
-		opts.store().Forget(tg.name)
-		t.add(Result{Name: tg.name, Action: Deleted})
-	})
-	rep.StaleRemove = int(stale.Load())
-	rep.Unpinned = time.Since(t.start)
-
-	// Then wait for the kernel.
+	live := td.unpin(targets)
+	var rep DownReport
+	rep.StaleRemove = int(td.stale.Load())
+	rep.Unpinned = time.Since(td.t.start)
 	if dopts.Wait && !opts.DryRun && ctx.Err() == nil {
-		timeout := dopts.Timeout
-		if timeout <= 0 {
-			timeout = 60 * time.Second
-		}
-		deadline := t.start.Add(rep.Unpinned + timeout)
-		wctx, cancel := context.WithDeadline(ctx, deadline)
-		defer cancel()
-		veths := map[int]string{}
-		owner := map[int]string{}
-		for _, tg := range live {
-			if tg == nil {
-				continue
+		td.wait(live, sents, dopts.Timeout, &rep)
+	}
+	rep.Summary = td.t.finish(ctx.Err() != nil)
+	return rep, nil
+}
+
+// check is Down's first phase: it classifies every pin, removes pin files
+// that hold no namespace, makes sure the others are nsfleet's (unless
+// Adopt), notes their host veths and stops their processes. It returns the
+// namespaces to unpin.
+func (td *teardown) check(pins []netns.PinInfo) ([]*target, error) {
+	hostLinks, err := td.host.Links()
+	if err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
+	byNsID := map[int]map[int]string{}
+	for _, l := range hostLinks {
+		if l.Type == "veth" && l.PeerNsID >= 0 {
+			if byNsID[l.PeerNsID] == nil {
+				byNsID[l.PeerNsID] = map[int]string{}
 			}
-			for idx, name := range tg.veths {
-				veths[idx] = name
-				owner[idx] = tg.name
-			}
+			byNsID[l.PeerNsID][l.Index] = l.Name
 		}
-		rep.HostVeths = len(veths)
-		rep.Waited = true
-		// Watch our veths go, and meanwhile run the sentinel barrier.
-		type polled struct {
-			left map[int]string
-			err  error
-			at   time.Duration
-		}
-		progress("wait", 0, len(veths))
-		pc := make(chan polled, 1)
-		go func() {
-			c, err := rtnl.Open()
-			if err != nil {
-				pc <- polled{left: veths, err: err}
+	}
+	targets := make([]*target, len(pins))
+	// The checks mostly wait in the kernel: more workers than CPUs help
+	// (5,000 routers: pins gone at 0.98 s with 2, 0.77 s with 4 or 8).
+	checkers := td.opts.Workers
+	if checkers <= 0 {
+		checkers = min(4*DefaultWorkers(), 16)
+	}
+	rd, opts := td.rd, td.opts
+	parallel(td.ctx, checkers, len(pins), func(c *rtnl.Conn, i int) {
+		p := pins[i]
+		switch p.State() {
+		case netns.PinSymlink:
+			td.fail(p.Name, Failed, fmt.Errorf("pin %s: %w", rd.PinPath(p.Name), netns.ErrSymlink))
+			return
+		case netns.PinOtherMount:
+			td.fail(p.Name, Failed, fmt.Errorf("pin %s: something other than a namespace is mounted on it", rd.PinPath(p.Name)))
+			return
+		case netns.PinStale:
+			// A pin file with no namespace: what a crash between create and
+			// mount leaves. Removing it is what `ip netns del` would do.
+			if opts.DryRun {
+				td.t.add(Result{Name: p.Name, Action: WouldDelete})
 				return
 			}
-			defer c.Close()
-			left, err := waitLinksGone(wctx, c, veths, func(n int) { progress("wait", len(veths)-n, len(veths)) })
-			pc <- polled{left, err, time.Since(t.start)}
-		}()
-		berr := freeBarrier(wctx, host, sents)
-		freedAt := time.Since(t.start)
-		pr := <-pc
-		rep.LinksGone = pr.at
-		switch {
-		case pr.err != nil:
-			seen := map[string]bool{}
-			for idx, name := range pr.left {
-				if !seen[owner[idx]] {
-					seen[owner[idx]] = true
-					rep.Pending = append(rep.Pending, fmt.Sprintf("%s (host veth %s still present: a process or mount still holds the namespace)", owner[idx], name))
-				}
+			if err := rd.Unpin(p.Name); err != nil {
+				td.fail(p.Name, Failed, err)
+				return
 			}
-			if len(rep.Pending) == 0 {
-				rep.Pending = append(rep.Pending, fmt.Sprintf("could not watch the host veths: %v", pr.err))
+			td.stale.Add(1)
+			td.t.add(Result{Name: p.Name, Action: Deleted, Fixes: []string{"removed pin file with no namespace"}})
+			return
+		}
+		tg, err := check(rd, c, p.Name, byNsID, opts.Adopt)
+		if err != nil {
+			if errors.Is(err, ErrForeign) {
+				td.fail(p.Name, Skipped, err)
+			} else {
+				td.fail(p.Name, Failed, err)
 			}
-			sort.Strings(rep.Pending)
-		case berr != nil:
-			rep.Pending = append(rep.Pending, fmt.Sprintf("kernel cleanup not finished: %v", berr))
-		default:
-			rep.Freed = max(freedAt, pr.at)
+			return
+		}
+		if opts.DryRun {
+			td.t.add(Result{Name: p.Name, Action: WouldDelete})
+			return
+		}
+		// Its supervised processes go first: they hold the namespace.
+		if err := opts.store().StopAll(p.Name, opts.grace()); err != nil {
+			td.fail(p.Name, Failed, err)
+			return
+		}
+		targets[i] = tg
+	})
+	var out []*target
+	for _, tg := range targets {
+		if tg != nil {
+			out = append(out, tg)
 		}
 	}
-	rep.Summary = t.finish(ctx.Err() != nil)
-	return rep, nil
+	return out, nil
+}
+
+// unpin is Down's second phase: every pin detached and removed at once.
+// Each unmount waits for an expedited RCU grace period (namespace_unlock);
+// waiters that overlap share one, so many unpinners, mostly asleep, finish
+// far sooner than a few. It returns the namespaces actually unpinned.
+func (td *teardown) unpin(targets []*target) []*target {
+	var unpinned atomic.Int64
+	done := make([]bool, len(targets))
+	pool.Each(td.ctx, len(targets), unpinners, func(i int) {
+		tg := targets[i]
+		defer func() { td.progress("delete", int(unpinned.Add(1)), len(targets)) }()
+		if err := td.rd.Unpin(tg.name); err != nil {
+			td.fail(tg.name, Failed, err)
+			return
+		}
+		td.opts.store().Forget(tg.name)
+		td.t.add(Result{Name: tg.name, Action: Deleted})
+		done[i] = true
+	})
+	var out []*target
+	for i, tg := range targets {
+		if done[i] {
+			out = append(out, tg)
+		}
+	}
+	return out
+}
+
+// wait is Down's last phase: it watches the unpinned namespaces' host veths
+// go and runs the sentinel barrier, until the kernel has freed them or
+// nothing has moved for stall.
+func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration, rep *DownReport) {
+	if stall <= 0 {
+		stall = 60 * time.Second
+	}
+	veths := map[int]string{}
+	owner := map[int]string{}
+	for _, tg := range live {
+		for idx, name := range tg.veths {
+			veths[idx] = name
+			owner[idx] = tg.name
+		}
+	}
+	rep.HostVeths = len(veths)
+	rep.Waited = true
+	// The deadline moves on whenever a veth goes: only a stall ends it.
+	wctx, cancel := context.WithCancel(td.ctx)
+	defer cancel()
+	var lastMove atomic.Int64
+	lastMove.Store(time.Now().UnixNano())
+	go func() {
+		for {
+			left := stall - time.Since(time.Unix(0, lastMove.Load()))
+			if left <= 0 {
+				cancel()
+				return
+			}
+			select {
+			case <-wctx.Done():
+				return
+			case <-time.After(left):
+			}
+		}
+	}()
+	type polled struct {
+		left map[int]string
+		err  error
+		at   time.Duration
+	}
+	td.progress("wait", 0, len(veths))
+	pc := make(chan polled, 1)
+	go func() {
+		c, err := rtnl.Open()
+		if err != nil {
+			pc <- polled{left: veths, err: err}
+			return
+		}
+		defer c.Close()
+		prev := len(veths)
+		left, err := waitLinksGone(wctx, c, veths, func(n int) {
+			if n < prev {
+				prev = n
+				lastMove.Store(time.Now().UnixNano())
+			}
+			td.progress("wait", len(veths)-n, len(veths))
+		})
+		pc <- polled{left, err, time.Since(td.t.start)}
+	}()
+	berr := freeBarrier(wctx, td.host, sents)
+	freedAt := time.Since(td.t.start)
+	pr := <-pc
+	rep.LinksGone = pr.at
+	switch {
+	case pr.err != nil:
+		seen := map[string]bool{}
+		for idx, name := range pr.left {
+			if !seen[owner[idx]] {
+				seen[owner[idx]] = true
+				rep.Pending = append(rep.Pending, fmt.Sprintf("%s (host veth %s still present: a process or mount still holds the namespace)", owner[idx], name))
+			}
+		}
+		if len(rep.Pending) == 0 {
+			rep.Pending = append(rep.Pending, fmt.Sprintf("could not watch the host veths: %v", pr.err))
+		}
+		sort.Strings(rep.Pending)
+	case berr != nil:
+		rep.Pending = append(rep.Pending, fmt.Sprintf("kernel cleanup not finished: %v", berr))
+	default:
+		rep.Freed = max(freedAt, pr.at)
+	}
 }
 
 // parallel runs fn(c, i) for i in [0,n) on at most w workers (fewer if
@@ -427,7 +487,7 @@ func freeBarrier(ctx context.Context, host *rtnl.Conn, sents []*sentinel) error 
 	for _, s := range sents {
 		s.release()
 		if _, err := waitLinksGone(ctx, host, map[int]string{s.index: s.name}, nil); err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
+			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 				return fmt.Errorf("sentinel %s not cleaned up in time", s.name)
 			}
 			return err

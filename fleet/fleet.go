@@ -115,6 +115,7 @@ const (
 	// Planned actions, for --dry-run.
 	WouldCreate Action = "would create"
 	WouldRepair Action = "would repair"
+	WouldDelete Action = "would delete"
 )
 
 // Result is the outcome for one namespace.

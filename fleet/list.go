@@ -83,15 +83,9 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 	if opts.PinsOnly {
 		out := make([]Status, len(names))
 		for i, name := range names {
-			out[i] = Status{Name: name, State: StateMissing}
-			switch p, ok := pins[name]; {
-			case !ok:
-			case p.Symlink:
-				out[i].State, out[i].Error = StateError, "pin is a symbolic link"
-			case !p.Mounted:
-				out[i].State = StateStale
-			default:
-				out[i].State, out[i].Inode = StateUnread, p.Inode
+			out[i] = Status{Name: name}
+			if !pinState(pins, &out[i]) {
+				out[i].State = StateUnread
 			}
 		}
 		return out, nil
@@ -130,19 +124,9 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		name := names[i]
 		st := &out[i]
 		st.Name = name
-		p, ok := pins[name]
-		switch {
-		case !ok:
-			st.State = StateMissing
-			return
-		case p.Symlink:
-			st.State, st.Error = StateError, "pin is a symbolic link"
-			return
-		case !p.Mounted:
-			st.State = StateStale
+		if pinState(pins, st) {
 			return
 		}
-		st.Inode = p.Inode
 		var want *spec.Namespace
 		if f != nil {
 			want, _ = f.Lookup(name)
@@ -156,6 +140,29 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		return out, ctx.Err()
 	}
 	return out, nil
+}
+
+// pinState fills in st from its pin and reports whether that says it all
+// (missing, stale, or not a namespace); otherwise the namespace is there
+// to look into, and st has its inode.
+func pinState(pins map[string]netns.PinInfo, st *Status) bool {
+	p, ok := pins[st.Name]
+	if !ok {
+		st.State = StateMissing
+		return true
+	}
+	switch p.State() {
+	case netns.PinSymlink:
+		st.State, st.Error = StateError, "pin is a symbolic link"
+	case netns.PinOtherMount:
+		st.State, st.Error = StateError, "something other than a namespace is mounted on the pin"
+	case netns.PinStale:
+		st.State = StateStale
+	default:
+		st.Inode = p.Inode
+		return false
+	}
+	return true
 }
 
 // procStates fills in the namespace's processes: those recorded, and those

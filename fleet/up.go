@@ -221,14 +221,15 @@ func (w *worker) up(ns *spec.Namespace, pin *netns.PinInfo) Result {
 	fail := func(err error) Result {
 		return Result{Name: ns.Name, Action: Failed, Err: &Error{Op: "up", Namespace: ns.Name, Err: err}}
 	}
-	switch {
-	case pin == nil:
-	case pin.Symlink:
-		return fail(fmt.Errorf("pin %s: %w", w.rd.PinPath(ns.Name), netns.ErrSymlink))
-	case pin.Mounted:
-		return w.repair(ns)
-	case pin.Mounts > 0:
-		return fail(fmt.Errorf("pin %s: something other than a namespace is mounted on it", w.rd.PinPath(ns.Name)))
+	if pin != nil {
+		switch pin.State() {
+		case netns.PinSymlink:
+			return fail(fmt.Errorf("pin %s: %w", w.rd.PinPath(ns.Name), netns.ErrSymlink))
+		case netns.PinNamespace:
+			return w.repair(ns)
+		case netns.PinOtherMount:
+			return fail(fmt.Errorf("pin %s: something other than a namespace is mounted on it", w.rd.PinPath(ns.Name)))
+		}
 	}
 	// Missing, or a pin file left without its mount: create.
 	for _, v := range ns.Veths {

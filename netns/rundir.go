@@ -360,6 +360,29 @@ type PinInfo struct {
 	Symlink bool
 }
 
+// PinState classifies a run dir entry; every caller decides from it.
+type PinState int
+
+const (
+	PinNamespace  PinState = iota // a namespace is mounted on it
+	PinStale                      // a file with nothing mounted: a crash between create and mount
+	PinSymlink                    // never followed
+	PinOtherMount                 // something other than a namespace is mounted on it
+)
+
+// State classifies the entry.
+func (p PinInfo) State() PinState {
+	switch {
+	case p.Symlink:
+		return PinSymlink
+	case p.Mounted:
+		return PinNamespace
+	case p.Mounts > 0:
+		return PinOtherMount
+	}
+	return PinStale
+}
+
 // List returns the run dir's entries sorted by name, with their mount state
 // taken from mountinfo (no namespace is opened).
 func (d *RunDir) List() ([]PinInfo, error) {

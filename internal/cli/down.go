@@ -96,12 +96,12 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			if err != nil {
 				return err
 			}
-			printDownReport(g.stdout, &rep)
+			printDownReport(g.stdout, &rep, dryRun)
 			if rep.Interrupted {
 				return &exitError{code: ExitInterrupted, err: fmt.Errorf("down: %w", fleet.ErrInterrupted)}
 			}
 			if len(rep.Pending) > 0 {
-				return &exitError{code: ExitFailed, err: fmt.Errorf("down: kernel cleanup still pending after %s", timeout)}
+				return &exitError{code: ExitFailed, err: fmt.Errorf("down: kernel cleanup still pending: nothing freed for %s", timeout)}
 			}
 			if err := rep.Err(); err != nil {
 				return &exitError{code: ExitFailed, err: fmt.Errorf("down: %w", err)}
@@ -112,7 +112,7 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 	cmd.Flags().StringVarP(&file, "file", "f", "", "spec file naming the namespaces to delete")
 	cmd.Flags().StringVar(&prefix, "prefix", "", "delete the namespaces whose names start with P")
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the pins are removed, without waiting for the kernel")
-	cmd.Flags().DurationVar(&timeout, "timeout", 60*time.Second, "how long to wait for the kernel before reporting what is pending")
+	cmd.Flags().DurationVar(&timeout, "timeout", 60*time.Second, "how long the kernel may go without freeing anything before down reports what is pending")
 	cmd.Flags().BoolVar(&adopt, "adopt", false, "also delete matching namespaces that nsfleet did not make")
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long supervised processes get between SIGTERM and SIGKILL")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be deleted and change nothing")
@@ -120,14 +120,18 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 	return cmd
 }
 
-func printDownReport(w io.Writer, r *fleet.DownReport) {
+func printDownReport(w io.Writer, r *fleet.DownReport, dryRun bool) {
 	c := r.Counts
 	if r.Total == 0 {
 		fmt.Fprintln(w, "down: nothing to delete")
 		return
 	}
-	if n := c["would delete"]; n > 0 || r.Total > 0 && c[fleet.Deleted] == 0 && c[fleet.Failed] == 0 && c[fleet.Skipped] == 0 {
-		fmt.Fprintf(w, "down (dry run): would delete %d namespaces\n", n)
+	if dryRun {
+		fmt.Fprintf(w, "down (dry run): would delete %d namespaces", c[fleet.WouldDelete])
+		if n := c[fleet.Skipped] + c[fleet.Failed]; n > 0 {
+			fmt.Fprintf(w, "; %d would be left (not nsfleet's, or failing)", n)
+		}
+		fmt.Fprintln(w)
 		return
 	}
 	fmt.Fprintf(w, "down: %d deleted, %d skipped, %d failed; pins removed in %.2fs\n",
