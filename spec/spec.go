@@ -395,170 +395,222 @@ func expandAll(path string, f file, ln lines, opts Options) (*Fleet, error) {
 }
 
 func expandOne(path string, t template, idx, line int, vethLines, routeLines []int) (Namespace, error) {
-	bad := func(l int, format string, a ...any) error {
-		return &Error{File: path, Line: l, Msg: fmt.Sprintf("template %q index %d: ", t.Name, idx) + fmt.Sprintf(format, a...)}
-	}
+	x := &expander{path: path, t: t, idx: idx, line: line}
 	name, err := expand(t.Name, expandEnv{i: idx})
 	if err != nil {
-		return Namespace{}, bad(line, "name: %v", err)
+		return Namespace{}, x.bad(line, "name: %v", err)
 	}
 	if err := ValidNamespaceName(name); err != nil {
-		return Namespace{}, bad(line, "%v", err)
+		return Namespace{}, x.bad(line, "%v", err)
 	}
-	env := expandEnv{i: idx, name: name, hasName: true}
+	x.env = expandEnv{i: idx, name: name, hasName: true}
 	ns := Namespace{
 		Name:     name,
 		Origin:   Origin{File: path, Line: line, Template: t.Name, Index: idx},
 		Loopback: t.Loopback != "down",
 	}
+	if ns.Sysctls, err = x.sysctls(); err != nil {
+		return Namespace{}, err
+	}
+	var peers map[string]bool
+	if ns.Veths, peers, err = x.veths(vethLines); err != nil {
+		return Namespace{}, err
+	}
+	if ns.Routes, err = x.routes(routeLines, peers); err != nil {
+		return Namespace{}, err
+	}
+	if ns.Processes, err = x.processes(); err != nil {
+		return Namespace{}, err
+	}
+	return ns, nil
+}
 
-	keys := make([]string, 0, len(t.Sysctls))
-	for k := range t.Sysctls {
+// expander expands one template at one index, a part at a time; every
+// error names the file, the line, the template and the index.
+type expander struct {
+	path      string
+	t         template
+	idx, line int
+	env       expandEnv
+}
+
+func (x *expander) bad(l int, format string, a ...any) error {
+	return &Error{File: x.path, Line: l, Msg: fmt.Sprintf("template %q index %d: ", x.t.Name, x.idx) + fmt.Sprintf(format, a...)}
+}
+
+// sysctls expands the sysctls, in key order, each key once.
+func (x *expander) sysctls() ([]Sysctl, error) {
+	keys := make([]string, 0, len(x.t.Sysctls))
+	for k := range x.t.Sysctls {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	seenKey := map[string]bool{}
+	var out []Sysctl
+	seen := map[string]bool{}
 	for _, k := range keys {
-		key, err := expand(k, env)
+		key, err := expand(k, x.env)
 		if err != nil {
-			return Namespace{}, bad(line, "sysctl %q: %v", k, err)
+			return nil, x.bad(x.line, "sysctl %q: %v", k, err)
 		}
-		val, err := expand(t.Sysctls[k], env)
+		val, err := expand(x.t.Sysctls[k], x.env)
 		if err != nil {
-			return Namespace{}, bad(line, "sysctl %q value: %v", k, err)
+			return nil, x.bad(x.line, "sysctl %q value: %v", k, err)
 		}
 		if err := ValidSysctl(key, val); err != nil {
-			return Namespace{}, bad(line, "%v", err)
+			return nil, x.bad(x.line, "%v", err)
 		}
 		key = normalizeSysctlKey(key)
-		if seenKey[key] {
-			return Namespace{}, bad(line, "sysctl %q is set twice", key)
+		if seen[key] {
+			return nil, x.bad(x.line, "sysctl %q is set twice", key)
 		}
-		seenKey[key] = true
-		ns.Sysctls = append(ns.Sysctls, Sysctl{Key: key, Value: val})
+		seen[key] = true
+		out = append(out, Sysctl{Key: key, Value: val})
 	}
+	return out, nil
+}
 
+// veths expands the veth pairs; it also returns the namespace's interface
+// names (lo and the peers), which routes may name.
+func (x *expander) veths(lines []int) ([]Veth, map[string]bool, error) {
 	peers := map[string]bool{"lo": true}
 	hosts := map[string]bool{}
-	for vi, vt := range t.Veths {
-		vl := lineAt(vethLines, vi, line)
+	var out []Veth
+	for vi, vt := range x.t.Veths {
+		vl := lineAt(lines, vi, x.line)
 		if vt.Host == "" || vt.Peer == "" {
-			return Namespace{}, bad(vl, "veth %d: both 'host' and 'peer' are required", vi+1)
+			return nil, nil, x.bad(vl, "veth %d: both 'host' and 'peer' are required", vi+1)
 		}
 		v := Veth{MTU: vt.MTU, Up: vt.Up}
-		if v.Host, err = expand(vt.Host, env); err != nil {
-			return Namespace{}, bad(vl, "veth host: %v", err)
+		var err error
+		if v.Host, err = expand(vt.Host, x.env); err != nil {
+			return nil, nil, x.bad(vl, "veth host: %v", err)
 		}
-		if v.Peer, err = expand(vt.Peer, env); err != nil {
-			return Namespace{}, bad(vl, "veth peer: %v", err)
+		if v.Peer, err = expand(vt.Peer, x.env); err != nil {
+			return nil, nil, x.bad(vl, "veth peer: %v", err)
 		}
 		if err := ValidInterfaceName(v.Host); err != nil {
-			return Namespace{}, bad(vl, "veth host end: %v", err)
+			return nil, nil, x.bad(vl, "veth host end: %v", err)
 		}
 		if err := ValidInterfaceName(v.Peer); err != nil {
-			return Namespace{}, bad(vl, "veth peer end: %v", err)
+			return nil, nil, x.bad(vl, "veth peer end: %v", err)
 		}
 		if peers[v.Peer] {
-			return Namespace{}, bad(vl, "peer interface %q appears twice in namespace %q", v.Peer, name)
+			return nil, nil, x.bad(vl, "peer interface %q appears twice in namespace %q", v.Peer, x.env.name)
 		}
 		if hosts[v.Host] {
-			return Namespace{}, bad(vl, "host interface %q appears twice", v.Host)
+			return nil, nil, x.bad(vl, "host interface %q appears twice", v.Host)
 		}
 		peers[v.Peer], hosts[v.Host] = true, true
 		if vt.MTU != 0 && (vt.MTU < 68 || vt.MTU > 65535) {
-			return Namespace{}, bad(vl, "veth %s/%s: mtu %d outside 68..65535", v.Host, v.Peer, vt.MTU)
+			return nil, nil, x.bad(vl, "veth %s/%s: mtu %d outside 68..65535", v.Host, v.Peer, vt.MTU)
 		}
-		if v.HostAddrs, err = expandPrefixes(vt.HostAddresses, env); err != nil {
-			return Namespace{}, bad(vl, "veth %s host_addresses: %v", v.Host, err)
+		if v.HostAddrs, err = expandPrefixes(vt.HostAddresses, x.env); err != nil {
+			return nil, nil, x.bad(vl, "veth %s host_addresses: %v", v.Host, err)
 		}
-		if v.PeerAddrs, err = expandPrefixes(vt.PeerAddresses, env); err != nil {
-			return Namespace{}, bad(vl, "veth %s peer_addresses: %v", v.Peer, err)
+		if v.PeerAddrs, err = expandPrefixes(vt.PeerAddresses, x.env); err != nil {
+			return nil, nil, x.bad(vl, "veth %s peer_addresses: %v", v.Peer, err)
 		}
-		ns.Veths = append(ns.Veths, v)
+		out = append(out, v)
 	}
+	return out, peers, nil
+}
 
-	for ri, rt := range t.Routes {
-		rl := lineAt(routeLines, ri, line)
-		var r Route
-		to, err := expand(rt.To, env)
+// routes expands the routes; a route's dev must be one of ifaces.
+func (x *expander) routes(lines []int, ifaces map[string]bool) ([]Route, error) {
+	var out []Route
+	for ri, rt := range x.t.Routes {
+		r, err := x.route(rt, lineAt(lines, ri, x.line), ifaces)
 		if err != nil {
-			return Namespace{}, bad(rl, "route to: %v", err)
+			return nil, err
 		}
-		via, err := expand(rt.Via, env)
-		if err != nil {
-			return Namespace{}, bad(rl, "route via: %v", err)
-		}
-		if r.Dev, err = expand(rt.Dev, env); err != nil {
-			return Namespace{}, bad(rl, "route dev: %v", err)
-		}
-		if via == "" && r.Dev == "" {
-			return Namespace{}, bad(rl, "route %q needs 'via' or 'dev'", to)
-		}
-		if via != "" {
-			if r.Via, err = netip.ParseAddr(via); err != nil {
-				return Namespace{}, bad(rl, "route via %q: %v", via, err)
-			}
-		}
-		switch to {
-		case "", "default":
-			bits := 0
-			if r.Via.Is6() {
-				r.To = netip.PrefixFrom(netip.IPv6Unspecified(), bits)
-			} else {
-				r.To = netip.PrefixFrom(netip.IPv4Unspecified(), bits)
-			}
-		default:
-			p, err := netip.ParsePrefix(to)
-			if err != nil {
-				return Namespace{}, bad(rl, "route to %q: %v", to, err)
-			}
-			r.To = p.Masked()
-		}
-		if r.Via.IsValid() && r.Via.Is4() != r.To.Addr().Is4() {
-			return Namespace{}, bad(rl, "route to %s via %s mixes IPv4 and IPv6", r.To, r.Via)
-		}
-		if r.Dev != "" && !peers[r.Dev] {
-			return Namespace{}, bad(rl, "route dev %q is not an interface of namespace %q", r.Dev, name)
-		}
-		ns.Routes = append(ns.Routes, r)
+		out = append(out, r)
 	}
+	return out, nil
+}
 
-	seenProc := map[string]bool{}
-	for _, pt := range t.Processes {
+func (x *expander) route(rt routeTemplate, rl int, ifaces map[string]bool) (Route, error) {
+	var r Route
+	to, err := expand(rt.To, x.env)
+	if err != nil {
+		return r, x.bad(rl, "route to: %v", err)
+	}
+	via, err := expand(rt.Via, x.env)
+	if err != nil {
+		return r, x.bad(rl, "route via: %v", err)
+	}
+	if r.Dev, err = expand(rt.Dev, x.env); err != nil {
+		return r, x.bad(rl, "route dev: %v", err)
+	}
+	if via == "" && r.Dev == "" {
+		return r, x.bad(rl, "route %q needs 'via' or 'dev'", to)
+	}
+	if via != "" {
+		if r.Via, err = netip.ParseAddr(via); err != nil {
+			return r, x.bad(rl, "route via %q: %v", via, err)
+		}
+	}
+	switch to {
+	case "", "default":
+		if r.Via.Is6() {
+			r.To = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+		} else {
+			r.To = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		}
+	default:
+		p, err := netip.ParsePrefix(to)
+		if err != nil {
+			return r, x.bad(rl, "route to %q: %v", to, err)
+		}
+		r.To = p.Masked()
+	}
+	if r.Via.IsValid() && r.Via.Is4() != r.To.Addr().Is4() {
+		return r, x.bad(rl, "route to %s via %s mixes IPv4 and IPv6", r.To, r.Via)
+	}
+	if r.Dev != "" && !ifaces[r.Dev] {
+		return r, x.bad(rl, "route dev %q is not an interface of namespace %q", r.Dev, x.env.name)
+	}
+	return r, nil
+}
+
+// processes expands the processes, each name once.
+func (x *expander) processes() ([]Process, error) {
+	var out []Process
+	seen := map[string]bool{}
+	for _, pt := range x.t.Processes {
 		if err := validProcessName(pt.Name); err != nil {
-			return Namespace{}, bad(line, "%v", err)
+			return nil, x.bad(x.line, "%v", err)
 		}
-		if seenProc[pt.Name] {
-			return Namespace{}, bad(line, "process %q appears twice", pt.Name)
+		if seen[pt.Name] {
+			return nil, x.bad(x.line, "process %q appears twice", pt.Name)
 		}
-		seenProc[pt.Name] = true
+		seen[pt.Name] = true
 		if len(pt.Command) == 0 || pt.Command[0] == "" {
-			return Namespace{}, bad(line, "process %q: 'command' must be a non-empty list, like [\"dnsmasq\", \"--no-daemon\"]", pt.Name)
+			return nil, x.bad(x.line, "process %q: 'command' must be a non-empty list, like [\"dnsmasq\", \"--no-daemon\"]", pt.Name)
 		}
 		p, err := processPrivileges(pt)
 		if err != nil {
-			return Namespace{}, bad(line, "process %q: %v", pt.Name, err)
+			return nil, x.bad(x.line, "process %q: %v", pt.Name, err)
 		}
 		switch p.Restart {
 		case "":
 			p.Restart = RestartOnFailure
 		case RestartAlways, RestartOnFailure, RestartNever:
 		default:
-			return Namespace{}, bad(line, "process %q: restart %q: want always, on-failure or never", pt.Name, pt.Restart)
+			return nil, x.bad(x.line, "process %q: restart %q: want always, on-failure or never", pt.Name, pt.Restart)
 		}
 		for _, a := range pt.Command {
-			e, err := expand(a, env)
+			e, err := expand(a, x.env)
 			if err != nil {
-				return Namespace{}, bad(line, "process %q: %v", pt.Name, err)
+				return nil, x.bad(x.line, "process %q: %v", pt.Name, err)
 			}
 			if strings.ContainsRune(e, 0) {
-				return Namespace{}, bad(line, "process %q: argument contains NUL", pt.Name)
+				return nil, x.bad(x.line, "process %q: argument contains NUL", pt.Name)
 			}
 			p.Command = append(p.Command, e)
 		}
-		ns.Processes = append(ns.Processes, p)
+		out = append(out, p)
 	}
-	return ns, nil
+	return out, nil
 }
 
 func validProcessName(n string) error {
