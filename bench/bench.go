@@ -98,26 +98,28 @@ type Options struct {
 	Progress func(config string, rep, done, total int)
 }
 
-// Scenario is one experiment of the source threads.
-type Scenario interface {
-	Name() string
-	Describe() string // one line: what it measures and which thread it reproduces
-	Defaults() (n, mark int)
-	Engines() []string
-	Variants() []string
-	Keys() []string // configuration keys, in display order
+// Scenario is one experiment of the source threads: what it is called,
+// what it can vary, and the function that runs it.
+type Scenario struct {
+	Name     string
+	Describe string   // one line: what it measures and which thread it reproduces
+	N, Mark  int      // the defaults of Options.N and Options.Mark
+	Engines  []string // the methods it can compare
+	Variants []string // the cases it can run
+	Keys     []string // configuration keys, in display order
 	// Run measures and appends to run (samples, skipped engines, notes).
-	// It must remove everything it made before returning, also on error
-	// or cancellation.
-	Run(ctx context.Context, opts Options, run *Run) error
+	// Execute has resolved Options (Engines and Variants among those
+	// above, in the order asked). It must remove everything it made before
+	// returning, also on error or cancellation.
+	Run func(ctx context.Context, o Options, run *Run) error
 }
 
-var registry = map[string]Scenario{}
+var registry = map[string]*Scenario{}
 
-func register(s Scenario) { registry[s.Name()] = s }
+func register(s *Scenario) { registry[s.Name] = s }
 
 // Lookup returns a scenario by name.
-func Lookup(name string) (Scenario, error) {
+func Lookup(name string) (*Scenario, error) {
 	s, ok := registry[name]
 	if !ok {
 		return nil, fmt.Errorf("unknown scenario %q (have %s)", name, strings.Join(Names(), ", "))

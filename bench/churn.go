@@ -22,16 +22,18 @@ import (
 // the backlog shows as ENOSPC without touching the host's limits.
 type churn struct{}
 
-func init() { register(churn{}) }
-
-func (churn) Name() string { return "churn" }
-func (churn) Describe() string {
-	return "thread 004: unshare/drop namespaces in a loop; rate, ENOSPC stalls under a lowered limit, time to drain"
+func init() {
+	register(&Scenario{
+		Name:     "churn",
+		Describe: "thread 004: unshare/drop namespaces in a loop; rate, ENOSPC stalls under a lowered limit, time to drain",
+		N:        20000,
+		Mark:     2000,
+		Engines:  []string{"native"},
+		Variants: []string{"ipc", "net", "uts"},
+		Keys:     []string{"type"},
+		Run:      churn{}.Run,
+	})
 }
-func (churn) Defaults() (int, int) { return 20000, 2000 }
-func (churn) Engines() []string    { return []string{"native"} }
-func (churn) Variants() []string   { return []string{"ipc", "net", "uts"} }
-func (churn) Keys() []string       { return []string{"type"} }
 
 // ChurnLimit is the per-type namespace limit set inside the user namespace.
 var ChurnLimit = 1000
@@ -51,10 +53,7 @@ type churnEvent struct {
 }
 
 func (c churn) Run(ctx context.Context, o Options, run *Run) error {
-	types, err := pick(c.Variants(), o.Variants)
-	if err != nil {
-		return fmt.Errorf("--variants: %w", err)
-	}
+	types := o.Variants
 	run.Params["limit"] = strconv.Itoa(ChurnLimit)
 	run.Notes = append(run.Notes, fmt.Sprintf("runs in a user namespace of its own with user.max_<type>_namespaces=%d; ENOSPC counts the times creation outran freeing by that many", ChurnLimit))
 	for _, typ := range types {
@@ -98,7 +97,7 @@ func (c churn) once(ctx context.Context, o Options, cfg map[string]string, rep i
 			run.Samples = append(run.Samples, Sample{Config: cfg, Mark: ev.Mark, Metric: "rate", Unit: "namespaces/s", Better: "higher", Rep: rep, Value: float64(o.Mark) / (ev.Elapsed - last)})
 			last = ev.Elapsed
 			if o.Progress != nil {
-				o.Progress(ConfigKey(cfg, c.Keys()), rep, ev.Mark, o.N)
+				o.Progress(ConfigKey(cfg, run.Keys), rep, ev.Mark, o.N)
 			}
 		default:
 			run.Samples = append(run.Samples,

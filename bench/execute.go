@@ -16,13 +16,19 @@ import (
 // Execute runs a scenario with defaults filled in, in a run dir of its own
 // under a prefix of its own, and returns the run with its environment. The
 // run dir is removed afterwards, whatever happened.
-func Execute(ctx context.Context, s Scenario, o Options) (*Run, error) {
-	dn, dm := s.Defaults()
+func Execute(ctx context.Context, s *Scenario, o Options) (*Run, error) {
+	var err error
+	if o.Engines, err = pick(s.Engines, o.Engines); err != nil {
+		return nil, fmt.Errorf("--engines: %w", err)
+	}
+	if o.Variants, err = pick(s.Variants, o.Variants); err != nil {
+		return nil, fmt.Errorf("--variants: %w", err)
+	}
 	if o.N <= 0 {
-		o.N = dn
+		o.N = s.N
 	}
 	if o.Mark <= 0 {
-		o.Mark = dm
+		o.Mark = s.Mark
 	}
 	if o.Mark > o.N {
 		o.Mark = o.N
@@ -53,20 +59,20 @@ func Execute(ctx context.Context, s Scenario, o Options) (*Run, error) {
 	}
 	run := &Run{
 		ID:       NewID(),
-		Scenario: s.Name(),
+		Scenario: s.Name,
 		Started:  time.Now().UTC(),
-		Keys:     s.Keys(),
+		Keys:     s.Keys,
 		Params: map[string]string{
 			"n": strconv.Itoa(o.N), "mark": strconv.Itoa(o.Mark), "runs": strconv.Itoa(o.Runs),
 			"engines": strings.Join(o.Engines, ","), "variants": strings.Join(o.Variants, ","),
 			"workers": strconv.Itoa(o.Workers),
 		},
 	}
-	err := s.Run(ctx, o, run)
+	err = s.Run(ctx, o, run)
 	run.Elapsed = time.Since(run.Started).Seconds()
 	run.Env = CaptureEnv(o.RunDir)
 	if err != nil {
-		return run, fmt.Errorf("bench %s: %w", s.Name(), err)
+		return run, fmt.Errorf("bench %s: %w", s.Name, err)
 	}
 	return run, nil
 }

@@ -21,20 +21,18 @@ import (
 // timed every mark, in the seed's five variants, by several engines.
 type fakeRouter struct{}
 
-func init() { register(fakeRouter{}) }
-
-func (fakeRouter) Name() string { return "fake-router" }
-func (fakeRouter) Describe() string {
-	return "thread 000: netns + lo up + ip_forward + 2 veth pairs, routers/s per mark; engines side by side"
+func init() {
+	register(&Scenario{
+		Name:     "fake-router",
+		Describe: "thread 000: netns + lo up + ip_forward + 2 veth pairs, routers/s per mark; engines side by side",
+		N:        1000,
+		Mark:     250,
+		Engines:  []string{"native", "iproute2", "iproute2-batch", "pyroute2"},
+		Variants: []string{"add", "add+exec", "add+2exec", "add+2exec+link", "add+2exec+2link"},
+		Keys:     []string{"engine", "variant"},
+		Run:      fakeRouter{}.Run,
+	})
 }
-func (fakeRouter) Defaults() (int, int) { return 1000, 250 }
-func (fakeRouter) Engines() []string {
-	return []string{"native", "iproute2", "iproute2-batch", "pyroute2"}
-}
-func (fakeRouter) Variants() []string {
-	return []string{"add", "add+exec", "add+2exec", "add+2exec+link", "add+2exec+2link"}
-}
-func (fakeRouter) Keys() []string { return []string{"engine", "variant"} }
 
 // steps of a variant, as the seed's tables add them.
 type routerSteps struct {
@@ -53,14 +51,8 @@ func stepsOf(variant string) routerSteps {
 }
 
 func (f fakeRouter) Run(ctx context.Context, o Options, run *Run) error {
-	engines, err := pick(f.Engines(), o.Engines)
-	if err != nil {
-		return fmt.Errorf("--engines: %w", err)
-	}
-	variants, err := pick(f.Variants(), o.Variants)
-	if err != nil {
-		return fmt.Errorf("--variants: %w", err)
-	}
+	engines := o.Engines
+	variants := o.Variants
 	run.Notes = append(run.Notes,
 		"native uses its own run dir ("+o.RunDir+"); the iproute2 and pyroute2 engines must use /run/netns, under the prefix "+o.Prefix,
 		"iproute2-batch: ip -batch expresses netns add and link add, but lo up and sysctl still need 'netns exec' lines, a process each")
@@ -92,7 +84,7 @@ func (f fakeRouter) Run(ctx context.Context, o Options, run *Run) error {
 					err = f.external(ctx, o, eng, cfg, rep, run)
 				}
 				if err != nil {
-					return fmt.Errorf("%s: %w", ConfigKey(cfg, f.Keys()), err)
+					return fmt.Errorf("%s: %w", ConfigKey(cfg, run.Keys), err)
 				}
 			}
 		}
@@ -150,7 +142,7 @@ func (f fakeRouter) native(ctx context.Context, o Options, cfg map[string]string
 	opts := fleet.Options{RunDir: rd, Mark: o.Mark, Steps: steps, Workers: o.Workers, OnResult: func(fleet.Result) {
 		done++
 		if o.Progress != nil && done%o.Mark == 0 {
-			o.Progress(ConfigKey(cfg, f.Keys()), rep, done, o.N)
+			o.Progress(ConfigKey(cfg, run.Keys), rep, done, o.N)
 		}
 	}}
 	sum, err := fleet.Up(ctx, fl, opts)
@@ -222,7 +214,7 @@ func (f fakeRouter) external(ctx context.Context, o Options, eng string, cfg map
 		}
 		last = now
 		if o.Progress != nil {
-			o.Progress(ConfigKey(cfg, f.Keys()), rep, to, o.N)
+			o.Progress(ConfigKey(cfg, run.Keys), rep, to, o.N)
 		}
 	}
 	return nil

@@ -22,25 +22,24 @@ import (
 // setns-only exec, as the pins pile up.
 type mountProp struct{}
 
-func init() { register(mountProp{}) }
-
-func (mountProp) Name() string { return "mount-propagation" }
-func (mountProp) Describe() string {
-	return "thread 003: add/delete N namespaces with M idle mount namespaces (--idle), per run-dir layout; new mount namespace vs setns-only exec"
+func init() {
+	register(&Scenario{
+		Name:     "mount-propagation",
+		Describe: "thread 003: add/delete N namespaces with M idle mount namespaces (--idle), per run-dir layout; new mount namespace vs setns-only exec",
+		N:        1000,
+		Mark:     250,
+		Engines:  []string{"native"},
+		Variants: []string{"shared", "parent-shared", "private"},
+		Keys:     []string{"layout"},
+		Run:      mountProp{}.Run,
+	})
 }
-func (mountProp) Defaults() (int, int) { return 1000, 250 }
-func (mountProp) Engines() []string    { return []string{"native"} }
-func (mountProp) Variants() []string   { return []string{"shared", "parent-shared", "private"} }
-func (mountProp) Keys() []string       { return []string{"layout"} }
 
 // IdleMountNamespaces is M, the idle mount namespaces held open.
 var IdleMountNamespaces = 100
 
 func (m mountProp) Run(ctx context.Context, o Options, run *Run) error {
-	layouts, err := pick(m.Variants(), o.Variants)
-	if err != nil {
-		return fmt.Errorf("--variants: %w", err)
-	}
+	layouts := o.Variants
 	if _, err := exec.LookPath("unshare"); err != nil {
 		run.Skipped = append(run.Skipped, "all: unshare(1) not installed (Debian: util-linux)")
 		return nil
@@ -160,7 +159,7 @@ func (m mountProp) once(ctx context.Context, o Options, cfg map[string]string, r
 				run.Samples = append(run.Samples, Sample{Config: cfg, Mark: i, Metric: "setns exec", Unit: "ms", Better: "lower", Rep: rep, Value: d})
 			}
 			if o.Progress != nil {
-				o.Progress(ConfigKey(cfg, m.Keys()), rep, i, o.N)
+				o.Progress(ConfigKey(cfg, run.Keys), rep, i, o.N)
 			}
 			last = time.Now()
 		}

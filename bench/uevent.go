@@ -27,27 +27,24 @@ import (
 // the broadcast is done) is timed.
 type uevent struct{}
 
-func init() { register(uevent{}) }
-
-func (uevent) Name() string { return "uevent" }
-func (uevent) Describe() string {
-	return "thread 001: inject N uevents with K namespaces (--namespaces) listening or not; transaction time mean and percentiles"
+func init() {
+	register(&Scenario{
+		Name:     "uevent",
+		Describe: "thread 001: inject N uevents with K namespaces (--namespaces) listening or not; transaction time mean and percentiles",
+		N:        10000,
+		Mark:     10000,
+		Engines:  []string{"native"},
+		Variants: []string{"listeners", "userns-listeners", "no-listeners"},
+		Keys:     []string{"listeners"},
+		Run:      uevent{}.Run,
+	})
 }
-func (uevent) Defaults() (int, int) { return 10000, 10000 }
-func (uevent) Engines() []string    { return []string{"native"} }
-func (uevent) Variants() []string {
-	return []string{"listeners", "userns-listeners", "no-listeners"}
-}
-func (uevent) Keys() []string { return []string{"listeners"} }
 
 // UeventNamespaces is K.
 var UeventNamespaces = 100
 
 func (u uevent) Run(ctx context.Context, o Options, run *Run) error {
-	variants, err := pick(u.Variants(), o.Variants)
-	if err != nil {
-		return fmt.Errorf("--variants: %w", err)
-	}
+	variants := o.Variants
 	run.Params["namespaces"] = fmt.Sprint(UeventNamespaces)
 	run.Notes = append(run.Notes, "uevents are injected on a veth the scenario makes in nsfleet's namespace (name "+o.Prefix+"u0) and removes afterwards",
 		"userns-listeners: the K namespaces (and their listeners) are owned by a user namespace of their own; the kernel sends them no untagged uevents")

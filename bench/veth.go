@@ -18,24 +18,21 @@ import (
 // none of its links ever appears in nsfleet's own namespace.
 type veth struct{}
 
-func init() { register(veth{}) }
-
-func (veth) Name() string { return "veth" }
-func (veth) Describe() string {
-	return "thread 002: N veth pairs, pairs/s per mark; names, peer placement, queues; delete one by one vs namespace exit"
+func init() {
+	register(&Scenario{
+		Name:     "veth",
+		Describe: "thread 002: N veth pairs, pairs/s per mark; names, peer placement, queues; delete one by one vs namespace exit",
+		N:        2000,
+		Mark:     100,
+		Engines:  []string{"native"},
+		Variants: []string{"explicit", "kernel-names", "peer-moved", "default-queues"},
+		Keys:     []string{"variant"},
+		Run:      veth{}.Run,
+	})
 }
-func (veth) Defaults() (int, int) { return 2000, 100 }
-func (veth) Engines() []string    { return []string{"native"} }
-func (veth) Variants() []string {
-	return []string{"explicit", "kernel-names", "peer-moved", "default-queues"}
-}
-func (veth) Keys() []string { return []string{"variant"} }
 
 func (v veth) Run(ctx context.Context, o Options, run *Run) error {
-	variants, err := pick(v.Variants(), o.Variants)
-	if err != nil {
-		return fmt.Errorf("--variants: %w", err)
-	}
+	variants := o.Variants
 	run.Notes = append(run.Notes,
 		"explicit: names given, peer created inside B, one queue per end (what nsfleet does)",
 		"default-queues: as explicit but with the kernel's queue count, like ip link add (veth then cuts it to 1, waiting for grace periods)",
@@ -103,7 +100,7 @@ func (v veth) once(ctx context.Context, o Options, cfg map[string]string, rep in
 			run.Samples = append(run.Samples, Sample{Config: cfg, Mark: i, Metric: "create rate", Unit: "pairs/s", Better: "higher", Rep: rep, Value: float64(o.Mark) / now.Sub(last).Seconds()})
 			last = now
 			if o.Progress != nil {
-				o.Progress(ConfigKey(cfg, v.Keys()), rep, i, o.N)
+				o.Progress(ConfigKey(cfg, run.Keys), rep, i, o.N)
 			}
 		}
 	}

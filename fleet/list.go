@@ -207,8 +207,8 @@ func procStates(store *proc.Store, want *spec.Namespace, st *Status) {
 // host socket only adds the host ends of veths; procfs is needed only for
 // a spec with sysctls.
 type reader struct {
-	host *rtnl.Conn
-	proc *sysctl.Procfs
+	host    *rtnl.Conn
+	sysctls *sysctl.Procfs
 }
 
 func openReader(needProc bool) *reader {
@@ -218,7 +218,7 @@ func openReader(needProc bool) *reader {
 	}
 	if needProc {
 		if p, err := sysctl.Open(); err == nil {
-			r.proc = p
+			r.sysctls = p
 		}
 	}
 	return r
@@ -226,7 +226,7 @@ func openReader(needProc bool) *reader {
 
 func (r *reader) close() {
 	r.host.Close()
-	r.proc.Close()
+	r.sysctls.Close()
 }
 
 func inspect(rd *netns.RunDir, r *reader, snap *snapshot, hostByIndex map[int]rtnl.Link, want *spec.Namespace, st *Status) error {
@@ -242,12 +242,12 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, hostByIndex map[int]rt
 			return err
 		}
 	}
-	proc := r.proc
+	pfs := r.sysctls
 	if want != nil && len(want.Sysctls) > 0 {
-		if proc == nil {
+		if pfs == nil {
 			return errors.New("no procfs instance to read sysctls with")
 		}
-		if err := proc.NextNamespace(); err != nil {
+		if err := pfs.NextNamespace(); err != nil {
 			return err
 		}
 	}
@@ -258,7 +258,7 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, hostByIndex map[int]rt
 			obs.Links, err = in.Links()
 			return err
 		}
-		if err := observe(in, proc, want, &obs); err != nil {
+		if err := observe(in, pfs, want, &obs); err != nil {
 			return err
 		}
 		fixes, err = Diff(want, &obs, false)

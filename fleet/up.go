@@ -192,11 +192,11 @@ const fdsPerUpWorker = 14
 
 // worker owns one host netlink socket and one private procfs.
 type worker struct {
-	rd   *netns.RunDir
-	snap *snapshot
-	opts *Options
-	host *rtnl.Conn
-	proc *sysctl.Procfs
+	rd      *netns.RunDir
+	snap    *snapshot
+	opts    *Options
+	host    *rtnl.Conn
+	sysctls *sysctl.Procfs
 }
 
 func newWorker(rd *netns.RunDir, snap *snapshot, opts *Options) (*worker, error) {
@@ -204,17 +204,17 @@ func newWorker(rd *netns.RunDir, snap *snapshot, opts *Options) (*worker, error)
 	if err != nil {
 		return nil, err
 	}
-	proc, err := pool.RetryValue(sysctl.Open)
+	pfs, err := pool.RetryValue(sysctl.Open)
 	if err != nil {
 		host.Close()
 		return nil, err
 	}
-	return &worker{rd: rd, snap: snap, opts: opts, host: host, proc: proc}, nil
+	return &worker{rd: rd, snap: snap, opts: opts, host: host, sysctls: pfs}, nil
 }
 
 func (w *worker) close() {
 	w.host.Close()
-	w.proc.Close()
+	w.sysctls.Close()
 }
 
 func (w *worker) up(ns *spec.Namespace, pin *netns.PinInfo) Result {
@@ -300,7 +300,7 @@ func describeCreate(ns *spec.Namespace) []string {
 // namespace lives only through the handle: on any error (or a crash) the
 // kernel frees it and its veths.
 func (w *worker) create(ns *spec.Namespace) error {
-	if err := w.proc.NextNamespace(); err != nil {
+	if err := w.sysctls.NextNamespace(); err != nil {
 		return err
 	}
 	sw := newStopwatch(w.opts.Steps != nil)
@@ -327,7 +327,7 @@ func (w *worker) create(ns *spec.Namespace) error {
 		}
 		sw.lap(StepVeth)
 		for _, s := range ns.Sysctls {
-			if err := w.proc.Write(s.Key, s.Value); err != nil {
+			if err := w.sysctls.Write(s.Key, s.Value); err != nil {
 				return err
 			}
 		}
@@ -435,14 +435,14 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 			return res
 		}
 	}
-	if err := w.proc.NextNamespace(); err != nil {
+	if err := w.sysctls.NextNamespace(); err != nil {
 		res.Action, res.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: err}
 		return res
 	}
 	var fixes []Fix
 	err = rtnl.Inside(h, rtnl.Open, func(in *rtnl.Conn) error {
 		var err error
-		if err := observe(in, w.proc, ns, &obs); err != nil {
+		if err := observe(in, w.sysctls, ns, &obs); err != nil {
 			return err
 		}
 		if !obs.Owned() && !w.opts.Adopt {
@@ -485,7 +485,7 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 }
 
 // observe reads the namespace's state; it runs inside the namespace.
-func observe(in *rtnl.Conn, proc *sysctl.Procfs, ns *spec.Namespace, obs *Observed) error {
+func observe(in *rtnl.Conn, pfs *sysctl.Procfs, ns *spec.Namespace, obs *Observed) error {
 	var err error
 	if obs.Links, err = in.Links(); err != nil {
 		return err
@@ -506,7 +506,7 @@ func observe(in *rtnl.Conn, proc *sysctl.Procfs, ns *spec.Namespace, obs *Observ
 	}
 	obs.Sysctls = make(map[string]string, len(ns.Sysctls))
 	for _, s := range ns.Sysctls {
-		v, err := proc.Read(s.Key)
+		v, err := pfs.Read(s.Key)
 		if errors.Is(err, sysctl.ErrUnknownKey) {
 			continue
 		}
@@ -557,7 +557,7 @@ func (w *worker) apply(in *rtnl.Conn, h *netns.NS, ns *spec.Namespace, obs *Obse
 	case FixSysctl:
 		for _, s := range ns.Sysctls {
 			if s.Key == f.Key {
-				return w.proc.Write(s.Key, s.Value)
+				return w.sysctls.Write(s.Key, s.Value)
 			}
 		}
 	case FixRoute:

@@ -61,9 +61,9 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 			if idle < 0 || listeners < 1 || limit < 2 {
 				return usageError{fmt.Errorf("bench: --idle >= 0, --namespaces >= 1, --limit >= 2")}
 			}
-			prog := newProgress(g.stderr, "bench "+s.Name(), 0, "plain")
+			prog := newProgress(g.stderr, "bench "+s.Name, 0, "plain")
 			o.Progress = func(config string, rep, done, total int) {
-				prog.verb = fmt.Sprintf("bench %s %s run %d", s.Name(), config, rep+1)
+				prog.verb = fmt.Sprintf("bench %s %s run %d", s.Name, config, rep+1)
 				if done < prog.done {
 					prog.done = 0
 				}
@@ -126,12 +126,11 @@ func scenarioList() string {
 	var b strings.Builder
 	for _, n := range bench.Names() {
 		s, _ := bench.Lookup(n)
-		dn, dm := s.Defaults()
-		fmt.Fprintf(&b, "  %-18s %s (default -n %d, --mark %d)\n", n, s.Describe(), dn, dm)
-		if e := s.Engines(); len(e) > 1 {
+		fmt.Fprintf(&b, "  %-18s %s (default -n %d, --mark %d)\n", n, s.Describe, s.N, s.Mark)
+		if e := s.Engines; len(e) > 1 {
 			fmt.Fprintf(&b, "  %-18s engines: %s\n", "", strings.Join(e, ", "))
 		}
-		if v := s.Variants(); len(v) > 1 {
+		if v := s.Variants; len(v) > 1 {
 			fmt.Fprintf(&b, "  %-18s variants: %s\n", "", strings.Join(v, ", "))
 		}
 	}
