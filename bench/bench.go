@@ -17,6 +17,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -162,4 +164,34 @@ func pick(all, want []string) ([]string, error) {
 		}
 	}
 	return want, nil
+}
+
+// ReadJSON reads a run written by WriteJSON.
+func ReadJSON(path string) (*Run, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	r, err := ParseRun(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return r, nil
+}
+
+// ParseRun parses a run in the JSON form WriteJSON writes.
+func ParseRun(b []byte) (*Run, error) {
+	var r Run
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, err
+	}
+	if r.Scenario == "" || r.Samples == nil {
+		return nil, errors.New("not an nsfleet bench run (no scenario or samples)")
+	}
+	for i, x := range r.Samples {
+		if x.Metric == "" {
+			return nil, fmt.Errorf("sample %d has no metric", i)
+		}
+	}
+	return &r, nil
 }

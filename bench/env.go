@@ -110,3 +110,11 @@ func readTrim(p string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+// KernelRelease is the kernel's release, the first word of Kernel.
+func (e Env) KernelRelease() string {
+	if i := strings.IndexByte(e.Kernel, ' '); i > 0 {
+		return e.Kernel[:i]
+	}
+	return e.Kernel
+}

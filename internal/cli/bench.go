@@ -9,6 +9,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/nsfleet/nsfleet/bench"
+	"github.com/nsfleet/nsfleet/bench/report"
+	"github.com/nsfleet/nsfleet/bench/results"
 	"github.com/spf13/cobra"
 )
 
@@ -77,7 +79,7 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 				fmt.Fprintln(g.stderr, "nsfleet:", err)
 			}
 			if !noStore && len(run.Samples) > 0 {
-				st, serr := bench.OpenStore(db)
+				st, serr := results.Open(db)
 				if serr == nil {
 					serr = st.Save(run)
 					st.Close()
@@ -91,13 +93,13 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 			var werr error
 			switch output {
 			case "json":
-				werr = bench.WriteJSON(g.stdout, run)
+				werr = report.WriteJSON(g.stdout, run)
 			case "csv":
-				werr = bench.WriteCSV(g.stdout, run)
+				werr = report.WriteCSV(g.stdout, run)
 			case "benchfmt":
-				werr = bench.WriteBenchfmt(g.stdout, run)
+				werr = report.WriteBenchfmt(g.stdout, run)
 			default:
-				werr = bench.WriteTable(g.stdout, run)
+				werr = report.WriteTable(g.stdout, run)
 			}
 			if err != nil {
 				return &exitError{code: ExitFailed}
@@ -117,7 +119,7 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 	f.IntVar(&idle, "idle", bench.IdleMountNamespaces, "mount-propagation: idle mount namespaces held open (M)")
 	f.IntVar(&listeners, "namespaces", bench.UeventNamespaces, "uevent: namespaces with (or without) a listener (K)")
 	f.IntVar(&limit, "limit", bench.ChurnLimit, "churn: user.max_<type>_namespaces inside its user namespace")
-	cmd.PersistentFlags().StringVar(&db, "db", bench.DefaultDB(), "results database (SQLite)")
+	cmd.PersistentFlags().StringVar(&db, "db", results.DefaultDB(), "results database (SQLite)")
 	cmd.AddCommand(benchList(&db), benchShow(g, &db), benchCompare(g, &db), benchPlot(g, &db), benchReport(g, &db))
 	return cmd
 }
@@ -150,11 +152,11 @@ func splitList(s string) []string {
 	return out
 }
 
-func openStore(db string) (*bench.Store, error) {
+func openStore(db string) (*results.Store, error) {
 	if _, err := os.Stat(db); err != nil {
 		return nil, fmt.Errorf("bench: no results store at %s (run a scenario first, or pass --db)", db)
 	}
-	return bench.OpenStore(db)
+	return results.Open(db)
 }
 
 func benchList(db *string) *cobra.Command {
@@ -189,13 +191,13 @@ func benchList(db *string) *cobra.Command {
 }
 
 func loadRuns(db string, refs []string) ([]*bench.Run, error) {
-	st, _ := bench.OpenStore(db)
+	st, _ := results.Open(db)
 	if st != nil {
 		defer st.Close()
 	}
 	var runs []*bench.Run
 	for _, ref := range refs {
-		r, err := bench.LoadAny(st, ref)
+		r, err := results.LoadAny(st, ref)
 		if err != nil {
 			return nil, err
 		}
@@ -217,13 +219,13 @@ func benchShow(g *globals, db *string) *cobra.Command {
 			}
 			switch output {
 			case "json":
-				return bench.WriteJSON(g.stdout, runs[0])
+				return report.WriteJSON(g.stdout, runs[0])
 			case "csv":
-				return bench.WriteCSV(g.stdout, runs[0])
+				return report.WriteCSV(g.stdout, runs[0])
 			case "benchfmt":
-				return bench.WriteBenchfmt(g.stdout, runs[0])
+				return report.WriteBenchfmt(g.stdout, runs[0])
 			case "table":
-				return bench.WriteTable(g.stdout, runs[0])
+				return report.WriteTable(g.stdout, runs[0])
 			}
 			return usageError{fmt.Errorf("bench show: -o %q: want table, json, csv or benchfmt", output)}
 		},
@@ -251,7 +253,7 @@ below 5 runs a side, the U test from 5 on). Use --runs 3 or more.`,
 			if runs[0].Scenario != runs[1].Scenario {
 				return fmt.Errorf("bench compare: %s is %s but %s is %s", runs[0].ID, runs[0].Scenario, runs[1].ID, runs[1].Scenario)
 			}
-			cs := bench.Compare(runs[0], runs[1])
+			cs := report.Compare(runs[0], runs[1])
 			if len(cs) == 0 {
 				return fmt.Errorf("bench compare: the runs share no metric, configuration and mark")
 			}
@@ -288,7 +290,7 @@ func benchPlot(g *globals, db *string) *cobra.Command {
 			base := filepath.Join(outDir, runs[0].Scenario+"-"+strings.ReplaceAll(metric, " ", "_"))
 			for _, format := range []string{"svg", "png"} {
 				var buf bytes.Buffer
-				if err := bench.Plot(&buf, runs, metric, format); err != nil {
+				if err := report.Plot(&buf, runs, metric, format); err != nil {
 					return fmt.Errorf("bench plot: %w", err)
 				}
 				if err := os.WriteFile(base+"."+format, buf.Bytes(), 0o644); err != nil {
@@ -316,7 +318,7 @@ func benchReport(g *globals, db *string) *cobra.Command {
 				return err
 			}
 			var buf bytes.Buffer
-			if err := bench.WriteReport(&buf, runs); err != nil {
+			if err := report.WriteReport(&buf, runs); err != nil {
 				return err
 			}
 			if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {

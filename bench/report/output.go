@@ -1,9 +1,10 @@
-package bench
+package report
 
 import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"github.com/nsfleet/nsfleet/bench"
 	"io"
 	"math"
 	"sort"
@@ -25,7 +26,7 @@ type series struct {
 	values  map[string]map[string]map[int][]float64
 }
 
-func group(r *Run) *series {
+func group(r *bench.Run) *series {
 	s := &series{units: map[string]string{}, better: map[string]string{}, configs: map[string][]string{}, marks: map[string][]int{},
 		values: map[string]map[string]map[int][]float64{}}
 	for _, x := range r.Samples {
@@ -34,7 +35,7 @@ func group(r *Run) *series {
 			s.values[x.Metric] = map[string]map[int][]float64{}
 			s.units[x.Metric], s.better[x.Metric] = x.Unit, x.Better
 		}
-		ck := ConfigKey(x.Config, r.Keys)
+		ck := bench.ConfigKey(x.Config, r.Keys)
 		byMark, ok := s.values[x.Metric][ck]
 		if !ok {
 			byMark = map[int][]float64{}
@@ -61,10 +62,10 @@ func group(r *Run) *series {
 // WriteTable writes, per metric, a table with marks as rows and
 // configurations as columns; each cell is the mean ± standard deviation
 // over the repetitions (and n when there are several).
-func WriteTable(w io.Writer, r *Run) error {
+func WriteTable(w io.Writer, r *bench.Run) error {
 	s := group(r)
 	fmt.Fprintf(w, "%s  run %s  %s\n", r.Scenario, r.ID, paramString(r.Params))
-	fmt.Fprintf(w, "kernel %s; %d CPUs (%s); iproute2 %s\n", firstWord(r.Env.Kernel), r.Env.CPUs, r.Env.CPU, strings.TrimPrefix(r.Env.Iproute2, "ip utility, "))
+	fmt.Fprintf(w, "kernel %s; %d CPUs (%s); iproute2 %s\n", r.Env.KernelRelease(), r.Env.CPUs, r.Env.CPU, strings.TrimPrefix(r.Env.Iproute2, "ip utility, "))
 	for _, m := range s.metrics {
 		fmt.Fprintf(w, "\n%s (%s, %s is better)\n", m, s.units[m], s.better[m])
 		if len(s.configs[m]) > 6 && len(s.configs[m]) > len(s.marks[m]) {
@@ -155,26 +156,19 @@ func paramString(p map[string]string) string {
 	return strings.Join(parts, " ")
 }
 
-func firstWord(s string) string {
-	if i := strings.IndexByte(s, ' '); i > 0 {
-		return s[:i]
-	}
-	return s
-}
-
 // WriteJSON writes the run as JSON.
-func WriteJSON(w io.Writer, r *Run) error {
+func WriteJSON(w io.Writer, r *bench.Run) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(r)
 }
 
 // WriteCSV writes one row per sample.
-func WriteCSV(w io.Writer, r *Run) error {
+func WriteCSV(w io.Writer, r *bench.Run) error {
 	cw := csv.NewWriter(w)
 	cw.Write([]string{"run", "scenario", "config", "metric", "unit", "mark", "rep", "value"})
 	for _, x := range r.Samples {
-		cw.Write([]string{r.ID, r.Scenario, ConfigKey(x.Config, r.Keys), x.Metric, x.Unit, strconv.Itoa(x.Mark), strconv.Itoa(x.Rep), strconv.FormatFloat(x.Value, 'g', -1, 64)})
+		cw.Write([]string{r.ID, r.Scenario, bench.ConfigKey(x.Config, r.Keys), x.Metric, x.Unit, strconv.Itoa(x.Mark), strconv.Itoa(x.Rep), strconv.FormatFloat(x.Value, 'g', -1, 64)})
 	}
 	cw.Flush()
 	return cw.Error()
@@ -204,12 +198,12 @@ func BenchName(scenario string) string {
 // sample, the configuration as name keys
 // (BenchmarkFakeRouter/engine=native/variant=add/mark=250), so that
 // `benchstat -col /engine` lays engines side by side.
-func WriteBenchfmt(w io.Writer, r *Run) error {
+func WriteBenchfmt(w io.Writer, r *bench.Run) error {
 	bw := benchfmt.NewWriter(w)
 	base := strings.TrimPrefix(BenchName(r.Scenario), "Benchmark") // the writer adds it
 	fileCfg := []benchfmt.Config{
 		{Key: "goos", Value: []byte("linux"), File: true},
-		{Key: "kernel", Value: []byte(firstWord(r.Env.Kernel)), File: true},
+		{Key: "kernel", Value: []byte(r.Env.KernelRelease()), File: true},
 		{Key: "cpu", Value: []byte(r.Env.CPU), File: true},
 		{Key: "cpus", Value: []byte(strconv.Itoa(r.Env.CPUs)), File: true},
 		{Key: "nsfleet-run", Value: []byte(r.ID), File: true},
@@ -221,7 +215,7 @@ func WriteBenchfmt(w io.Writer, r *Run) error {
 			units[unit] = x.Better
 			bw.Write(&benchfmt.UnitMetadata{UnitMetadataKey: benchfmt.UnitMetadataKey{Unit: unit, Key: "better"}, OrigUnit: unit, Value: x.Better})
 		}
-		name := base + "/" + ConfigKey(x.Config, r.Keys)
+		name := base + "/" + bench.ConfigKey(x.Config, r.Keys)
 		if x.Metric != "rate" && x.Metric != "" {
 			name += "/metric=" + strings.ReplaceAll(x.Metric, " ", "_")
 		}
@@ -238,6 +232,6 @@ func WriteBenchfmt(w io.Writer, r *Run) error {
 }
 
 // benchUnit makes a unit benchstat accepts (no spaces).
-func benchUnit(x Sample) string {
+func benchUnit(x bench.Sample) string {
 	return strings.ReplaceAll(x.Unit, " ", "-")
 }

@@ -1,7 +1,12 @@
-package bench
+// Package report turns benchmark runs into what people and programs read:
+// tables with configurations as columns, JSON, CSV, Go benchmark format for
+// benchstat, plots, an HTML report, and the statistics behind them
+// (confidence intervals, Welch and Mann-Whitney U verdicts).
+package report
 
 import (
 	"fmt"
+	"github.com/nsfleet/nsfleet/bench"
 	"math"
 	"sort"
 
@@ -51,7 +56,7 @@ const Alpha = 0.05
 
 // Compare matches the samples of a and b by metric, configuration and mark
 // and tests each pair.
-func Compare(a, b *Run) []Comparison {
+func Compare(a, b *bench.Run) []Comparison {
 	ga, gb := group(a), group(b)
 	var out []Comparison
 	for _, m := range ga.metrics {

@@ -1,7 +1,8 @@
-package bench
+package report
 
 import (
 	"fmt"
+	"github.com/nsfleet/nsfleet/bench"
 	"image/color"
 	"io"
 	"sort"
@@ -32,7 +33,7 @@ var glyphs = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.TriangleGlyph{}, draw.S
 // a line per configuration (and run), mean with ±1 SD error bars, each
 // series with its own colour, dash pattern and marker, labelled at its end.
 // format is "svg" or "png".
-func Plot(w io.Writer, runs []*Run, metric, format string) error {
+func Plot(w io.Writer, runs []*bench.Run, metric, format string) error {
 	p := plot.New()
 	var unit string
 	type line struct {

@@ -1,4 +1,6 @@
-package bench
+// Package results keeps benchmark runs in an SQLite file (modernc.org/sqlite,
+// pure Go), so that runs can be listed, shown again and compared later.
+package results
 
 import (
 	"database/sql"
@@ -10,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nsfleet/nsfleet/bench"
 	_ "modernc.org/sqlite" // database/sql driver "sqlite", pure Go
 )
 
@@ -44,7 +47,7 @@ CREATE TABLE IF NOT EXISTS samples (
 CREATE INDEX IF NOT EXISTS samples_run ON samples(run_id);`
 
 // OpenStore opens (creating) the database at path.
-func OpenStore(path string) (*Store, error) {
+func Open(path string) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("results store %s: %w", path, err)
 	}
@@ -68,7 +71,7 @@ func js(v any) string {
 }
 
 // Save stores a run and its samples in one transaction.
-func (s *Store) Save(r *Run) error {
+func (s *Store) Save(r *bench.Run) error {
 	tx, err := s.db.Begin()
 	if err != nil {
 		return err
@@ -118,9 +121,9 @@ func (s *Store) List() ([]RunInfo, error) {
 		}
 		ri.Started, _ = time.Parse(time.RFC3339Nano, started)
 		json.Unmarshal([]byte(params), &ri.Params)
-		var e Env
+		var e bench.Env
 		json.Unmarshal([]byte(env), &e)
-		ri.Kernel = firstWord(e.Kernel)
+		ri.Kernel = e.KernelRelease()
 		out = append(out, ri)
 	}
 	return out, rows.Err()
@@ -130,14 +133,14 @@ func (s *Store) List() ([]RunInfo, error) {
 var ErrNoRun = errors.New("no such run")
 
 // Load returns the run whose id is id or starts with it (unambiguously).
-func (s *Store) Load(id string) (*Run, error) {
+func (s *Store) Load(id string) (*bench.Run, error) {
 	rows, err := s.db.Query(`SELECT id, scenario, started, elapsed, params, env, keys, skipped, notes FROM runs WHERE id LIKE ? || '%'`, id)
 	if err != nil {
 		return nil, err
 	}
-	var runs []*Run
+	var runs []*bench.Run
 	for rows.Next() {
-		r := &Run{}
+		r := &bench.Run{}
 		var started, params, env, keys, skipped, notes string
 		if err := rows.Scan(&r.ID, &r.Scenario, &started, &r.Elapsed, &params, &env, &keys, &skipped, &notes); err != nil {
 			rows.Close()
@@ -170,7 +173,7 @@ func (s *Store) Load(id string) (*Run, error) {
 	}
 	defer srows.Close()
 	for srows.Next() {
-		var x Sample
+		var x bench.Sample
 		var cfg string
 		if err := srows.Scan(&cfg, &x.Metric, &x.Unit, &x.Better, &x.Mark, &x.Rep, &x.Value); err != nil {
 			return nil, err
@@ -183,42 +186,12 @@ func (s *Store) Load(id string) (*Run, error) {
 
 // LoadAny loads a run from a JSON file (as -o json writes) if ref names a
 // file, else from the store by id.
-func LoadAny(s *Store, ref string) (*Run, error) {
+func LoadAny(s *Store, ref string) (*bench.Run, error) {
 	if fi, err := os.Stat(ref); err == nil && !fi.IsDir() {
-		return ReadJSON(ref)
+		return bench.ReadJSON(ref)
 	}
 	if s == nil {
 		return nil, fmt.Errorf("%w %q", ErrNoRun, ref)
 	}
 	return s.Load(ref)
-}
-
-// ReadJSON reads a run written by WriteJSON.
-func ReadJSON(path string) (*Run, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	r, err := ParseRun(b)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return r, nil
-}
-
-// ParseRun parses a run in the JSON form WriteJSON writes.
-func ParseRun(b []byte) (*Run, error) {
-	var r Run
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, err
-	}
-	if r.Scenario == "" || r.Samples == nil {
-		return nil, errors.New("not an nsfleet bench run (no scenario or samples)")
-	}
-	for i, x := range r.Samples {
-		if x.Metric == "" {
-			return nil, fmt.Errorf("sample %d has no metric", i)
-		}
-	}
-	return &r, nil
 }

@@ -1,8 +1,9 @@
-package bench
+package report
 
 import (
 	"bytes"
 	"fmt"
+	"github.com/nsfleet/nsfleet/bench"
 	"html/template"
 	"io"
 	"sort"
@@ -43,9 +44,9 @@ type kv struct{ K, V string }
 
 // WriteReport writes one HTML page with the tables, plots (inline SVG) and
 // environment of each run.
-func WriteReport(w io.Writer, runs []*Run) error {
+func WriteReport(w io.Writer, runs []*bench.Run) error {
 	type page struct {
-		Run    *Run
+		Run    *bench.Run
 		Table  string
 		Plots  []template.HTML
 		Config []kv
@@ -65,7 +66,7 @@ func WriteReport(w io.Writer, runs []*Run) error {
 				continue
 			}
 			var svg bytes.Buffer
-			if err := Plot(&svg, []*Run{r}, m, "svg"); err == nil {
+			if err := Plot(&svg, []*bench.Run{r}, m, "svg"); err == nil {
 				pg.Plots = append(pg.Plots, template.HTML(svg.String())) // produced by gonum/plot from numbers only
 			}
 		}
