@@ -80,7 +80,7 @@ pins_mounts() {
 # processes for the whole machine, not a few per PID).
 check_daemons() {
 	local pins
-	pins=$(for f in "$rundir"/*; do [ -e "$f" ] && echo "$(stat -L -c %i "$f") $(basename "$f")"; done)
+	pins=$(stat -L -c '%i %n' "$rundir"/* 2>/dev/null | sed 's|^\([0-9]*\) .*/|\1 |')
 	# PID, netns inode (of every process we may look at), state, command.
 	stat -L -c '%n %i' /proc/[0-9]*/ns/net 2>/dev/null | sed 's|^/proc/\([0-9]*\)/ns/net|\1|' >"$work/pidns"
 	ps -e -o pid=,stat=,args= >"$work/ps"
@@ -142,6 +142,24 @@ nsf down -f "$spec" --progress none --grace 1s >/dev/null; t2=$(date +%s%N)
 up_ms=$(((t1 - t0) / 1000000 + 50)) down_ms=$(((t2 - t1) / 1000000 + 50))
 echo "kill-campaign: $trials trials, $routers routers, seed $seed; up takes ~${up_ms} ms, down ~${down_ms} ms"
 
+# The checks must be able to fail: plant an orphan daemon and a pin file
+# without its mount on a converged fleet, and expect both to be caught.
+nsf up -f "$spec" --progress none >/dev/null
+converged >/dev/null || { echo "kill-campaign: the fleet does not converge even without kills" >&2; exit 1; }
+"$bin" --run-dir "$rundir" exec "${prefix}bar-1" -- sleep 99999 >/dev/null 2>&1 &
+planted=$! victim=$planted
+touch "$rundir/${prefix}planted"
+sleep 0.2
+report=$(converged) && { echo "kill-campaign: the checks missed a planted orphan and a half-made pin" >&2; exit 1; }
+case $report in
+*"orphan in ${prefix}bar-1"*"pins and mounts"* | *"pins and mounts"*"orphan in ${prefix}bar-1"*) ;;
+*) echo "kill-campaign: the checks did not name what was planted:" >&2; echo "$report" >&2; exit 1 ;;
+esac
+kill -9 "$planted"; wait "$planted" 2>/dev/null || true
+victim=""
+rm -f "$rundir/${prefix}planted"
+echo "kill-campaign: self-check: a planted orphan and a half-made pin were caught"
+
 ok=0 failed=0
 declare -A per=()
 for ((trial = 1; trial <= trials; trial++)); do
@@ -149,13 +167,12 @@ for ((trial = 1; trial <= trials; trial++)); do
 	what=${cmds[RANDOM % 4]}
 	# Start from a random state: none, some or all of the fleet (a supervise
 	# or exec --all trial starts from all of it).
+	# (The previous trial left the whole fleet, converged.)
 	state=$((RANDOM % 3))
 	[ "$what" = up ] || state=2
-	nsf down -f "$spec" --progress none --grace 1s >/dev/null 2>&1 || true
 	case $state in
-	1) nsf up -f "$spec" --progress none >/dev/null 2>&1 || true
-	   nsf down --prefix "${prefix}bar-1" --progress none --grace 1s >/dev/null 2>&1 || true ;;
-	2) nsf up -f "$spec" --progress none >/dev/null 2>&1 || true ;;
+	0) nsf down -f "$spec" --progress none --grace 1s >/dev/null 2>&1 || true ;;
+	1) nsf down --prefix "${prefix}bar-1" --progress none --grace 1s >/dev/null 2>&1 || true ;;
 	esac
 	case $what in
 	up) limit=$up_ms; "$bin" --run-dir "$rundir" up -f "$spec" --progress none >/dev/null 2>&1 & ;;
