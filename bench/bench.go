@@ -1,5 +1,5 @@
 // Package bench is nsfleet's scalability lab: it reproduces the workloads of
-// the source threads (../shared/seeds) as scenarios, runs competing methods
+// the source threads (docs/BACKGROUND.md) as scenarios, runs competing methods
 // ("engines") and variants side by side in one run, repeats runs, and keeps
 // every figure with its spread and the environment it was measured in.
 //

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// churn reproduces ../shared/seeds/004: namespaces created and dropped in a
+// churn reproduces thread 004 (docs/BACKGROUND.md): namespaces created and dropped in a
 // tight loop, where freeing (which waits for RCU grace periods) can lag
 // creation until unshare fails with ENOSPC. It runs in a user namespace of
 // its own whose limit for the type is lowered (--limit, default 1,000), so

@@ -16,7 +16,7 @@ import (
 	"github.com/nsfleet/nsfleet/spec"
 )
 
-// fakeRouter reproduces ../shared/seeds/000: Neutron's "fake routers"
+// fakeRouter reproduces thread 000 (docs/BACKGROUND.md): Neutron's "fake routers"
 // (netns, lo up, ip_forward, two veth pairs with the peer created inside),
 // timed every mark, in the seed's five variants, by several engines.
 type fakeRouter struct{}

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// mountProp reproduces ../shared/seeds/003: with M idle mount namespaces
+// mountProp reproduces thread 003 (docs/BACKGROUND.md): with M idle mount namespaces
 // that share the run dir's propagation (as services under systemd do),
 // every pin is copied into each of them. It adds and deletes N namespaces
 // under three run-dir layouts, and times what every `ip netns exec` pays

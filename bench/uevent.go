@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// uevent reproduces ../shared/seeds/001: a kernel uevent is broadcast to the
+// uevent reproduces thread 001 (docs/BACKGROUND.md): a kernel uevent is broadcast to the
 // uevent listeners of every network namespace owned by the initial user
 // namespace, under one mutex, so its cost grows with the namespaces that
 // listen. K namespaces get a NETLINK_KOBJECT_UEVENT listener each (or

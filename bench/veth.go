@@ -9,7 +9,7 @@ import (
 	"github.com/nsfleet/nsfleet/rtnl"
 )
 
-// veth reproduces ../shared/seeds/002: creating thousands of veth pairs,
+// veth reproduces thread 002 (docs/BACKGROUND.md): creating thousands of veth pairs,
 // timed every mark, with explicit vs kernel-chosen names, the peer created
 // in its namespace vs created beside and moved, the kernel's default queue
 // count vs one queue, and deleting them one by one vs by namespace exit.

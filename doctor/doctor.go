@@ -1,6 +1,6 @@
 // Package doctor checks a machine for the traps that make network
 // namespaces slow or leaky, each learnt the hard way in one of the source
-// threads (../shared/seeds): pins that propagate into every mount namespace,
+// threads (docs/BACKGROUND.md): pins that propagate into every mount namespace,
 // stale and double pins, mount and namespace limits, the /proc/sys lookup
 // trap, RCU and neighbour-table settings, bridges near their port limit.
 //

@@ -19,6 +19,12 @@
 // a namespace owned by the parent user namespace always fails: each call
 // then costs one thread, see ThreadsDiscarded.)
 //
+// One exception, by design: the lab's re-exec helpers (bench.ChurnHelperMain
+// and bench.UeventHelperMain) are processes of their own that lock their
+// main thread and unshare on it in a loop, as the threads' experiments do;
+// that thread is never handed back, and the process exits when done, so no
+// goroutine of nsfleet ever runs in a namespace it did not ask for.
+//
 // The function passed to Create or Do runs on that one thread: it may make
 // system calls that act on "the current namespace" (open a netlink socket,
 // open a sysctl file), but must not start goroutines that expect to inherit

@@ -20,6 +20,21 @@
 // mount namespace and then replaces itself with the command by execve. No Go
 // thread of nsfleet ever changes mount namespace.
 //
+// # Less than root
+//
+// By default a command runs as nsfleet does. With Options.Privileges it is
+// started through a second helper (PrivilegesHelperMain), which sets
+// no_new_privs, drops capabilities from its bounding set, changes user and
+// groups, raises the kept ones as ambient capabilities, and execs the
+// command: every step on the one thread that calls execve.
+//
+// # Supervision
+//
+// Supervise keeps a spec's processes running. Its restart arithmetic is a
+// pure Policy; it learns of exits from pidfds in one epoll set; records
+// (see Store) are intent, checked against /proc, and a launch cut short by
+// a crash is found again by the process's NSFLEET_PROCESS marker.
+//
 // # Threading contract
 //
 // Start calls netns.Do; it may be called from any goroutine. The returned

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the exec numbers of docs/PERFORMANCE.md (issue #4): with N
+# Reproduces the exec numbers of docs/PERFORMANCE.md: with N
 # namespaces pinned in /run/netns, the time of
 #   true                               (a plain fork+exec)
 #   setns-exec PIN true                (scripts/setns-exec.c: the floor for a wrapper)
