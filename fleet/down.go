@@ -161,15 +161,17 @@ func (td *teardown) check(pins []netns.PinInfo) ([]*target, error) {
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
-	byNsID := map[int]map[int]string{}
+	hostVeths := map[int]rtnl.Link{}
 	for _, l := range hostLinks {
 		if l.Type == "veth" && l.PeerNsID >= 0 {
-			if byNsID[l.PeerNsID] == nil {
-				byNsID[l.PeerNsID] = map[int]string{}
-			}
-			byNsID[l.PeerNsID][l.Index] = l.Name
+			hostVeths[l.Index] = l
 		}
 	}
+	home, err := openHome()
+	if err != nil {
+		return nil, err
+	}
+	defer home.Close()
 	targets := make([]*target, len(pins))
 	// The checks mostly wait in the kernel: more workers than CPUs help
 	// (5,000 routers: pins gone at 0.98 s with 2, 0.77 s with 4 or 8).
@@ -178,7 +180,7 @@ func (td *teardown) check(pins []netns.PinInfo) ([]*target, error) {
 		checkers = min(4*DefaultWorkers(), 16)
 	}
 	rd, opts := td.rd, td.opts
-	parallel(td.ctx, checkers, len(pins), func(c *rtnl.Conn, i int) {
+	pool.Each(td.ctx, len(pins), pool.Fit(checkers, fdsPerChecker), func(i int) {
 		p := pins[i]
 		switch p.State() {
 		case netns.PinSymlink:
@@ -202,7 +204,7 @@ func (td *teardown) check(pins []netns.PinInfo) ([]*target, error) {
 			td.t.add(Result{Name: p.Name, Action: Deleted, Fixes: []string{"removed pin file with no namespace"}})
 			return
 		}
-		tg, err := check(rd, c, p.Name, byNsID, opts.Adopt)
+		tg, err := check(rd, home, p.Name, hostVeths, opts.Adopt)
 		if err != nil {
 			if errors.Is(err, ErrForeign) {
 				td.fail(p.Name, Skipped, err)
@@ -342,59 +344,49 @@ func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration,
 	}
 }
 
-// parallel runs fn(c, i) for i in [0,n) on at most w workers (fewer if
-// the descriptor limit says so, see package pool), each with its own host
-// netlink socket, until done or ctx is cancelled. fn copes with a nil
-// socket: it only loses the host-side bookkeeping.
-func parallel(ctx context.Context, w, n int, fn func(c *rtnl.Conn, i int)) {
-	w = pool.Fit(w, fdsPerChecker)
-	pool.Run(ctx, n, w, func() (*rtnl.Conn, error) {
-		c, err := pool.RetryValue(rtnl.Open)
-		if err != nil {
-			return nil, nil
-		}
-		return c, nil
-	}, (*rtnl.Conn).Close, fn)
-}
-
-// fdsPerChecker is what one parallel worker holds at most at once: its host
-// socket pair, a pin, and inside the namespace its own handle and socket.
+// fdsPerChecker is what one checker (of Down, or reader of List) holds at
+// most at once: a pin, the handle on its own namespace while inside, a
+// socket pair inside, and a procfs instance.
 const fdsPerChecker = 6
 
-// check opens a pinned namespace, makes sure it is nsfleet's (or adopt),
-// and returns it with its host veths. It asks the host about the
-// namespace's lo by nsid when it has one, so it need not enter it.
-func check(rd *netns.RunDir, c *rtnl.Conn, name string, byNsID map[int]map[int]string, adopt bool) (*target, error) {
+// check opens a pinned namespace and, from inside it, makes sure it is
+// nsfleet's (or adopt) and finds its host veths: the veths inside whose
+// other end is in the host (by the id the namespace uses for the host) and
+// whose host end points back. Asking the host for the namespace's id
+// instead would cost a lookup linear in the fleet per namespace.
+func check(rd *netns.RunDir, home *netns.NS, name string, hostVeths map[int]rtnl.Link, adopt bool) (*target, error) {
 	h, err := rd.Open(name)
 	if err != nil {
 		return nil, err
 	}
 	defer h.Close()
-	tg := &target{name: name}
-	id := -1
-	if c != nil {
-		if id, err = c.NsID(h.Fd()); err != nil {
-			id = -1
+	tg := &target{name: name, veths: map[int]string{}}
+	owned := false
+	err = rtnl.Inside(h, rtnl.Open, func(in *rtnl.Conn) error {
+		links, err := in.Links()
+		if err != nil {
+			return err
 		}
-	}
-	if id >= 0 {
-		tg.veths = byNsID[id]
-	}
-	if adopt {
-		return tg, nil
-	}
-	owned, asked := false, false
-	if c != nil && id >= 0 {
-		if lo, err := c.LinkInNamespace(id, rtnl.LoopbackIndex); err == nil {
-			owned, asked = lo.Alias == Marker, true
+		hostID, err := in.NsID(home.Fd())
+		if err != nil {
+			return err
 		}
-	}
-	if !asked {
-		if owned, err = IsOwned(h); err != nil {
-			return nil, err
+		for _, l := range links {
+			if l.Index == rtnl.LoopbackIndex {
+				owned = l.Alias == Marker
+			}
+			if l.Type == "veth" && hostID >= 0 && l.PeerNsID == hostID {
+				if hl, ok := hostVeths[l.PeerIndex]; ok && hl.PeerIndex == l.Index {
+					tg.veths[hl.Index] = hl.Name
+				}
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	if !owned {
+	if !owned && !adopt {
 		return nil, ErrForeign
 	}
 	return tg, nil

@@ -100,6 +100,10 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		return nil, fmt.Errorf("ls: host: %w", err)
 	}
 	snap := &snapshot{links: map[string]rtnl.Link{}}
+	if snap.home, err = openHome(); err != nil {
+		return nil, fmt.Errorf("ls: %w", err)
+	}
+	defer snap.close()
 	hostByIndex := map[int]rtnl.Link{}
 	for _, l := range hostLinks {
 		snap.links[l.Name] = l
@@ -118,7 +122,7 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 			needProc = needProc || len(f.Namespaces[i].Sysctls) > 0
 		}
 	}
-	pool.Run(ctx, len(names), pool.Fit(opts.workers(len(names)), fdsPerChecker+1), func() (*reader, error) {
+	pool.Run(ctx, len(names), pool.Fit(opts.workers(len(names)), fdsPerChecker), func() (*reader, error) {
 		return openReader(needProc), nil
 	}, (*reader).close, func(r *reader, i int) {
 		name := names[i]
@@ -202,20 +206,14 @@ func procStates(store *proc.Store, want *spec.Namespace, st *Status) {
 	}
 }
 
-// reader is one List worker's host socket and procfs instance (rotated as
-// package sysctl says, never one per namespace). Either may be nil: the
-// host socket only adds the host ends of veths; procfs is needed only for
-// a spec with sysctls.
+// reader is one List worker's procfs instance (rotated as package sysctl
+// says, never one per namespace); nil unless the spec has sysctls.
 type reader struct {
-	host    *rtnl.Conn
 	sysctls *sysctl.Procfs
 }
 
 func openReader(needProc bool) *reader {
 	r := &reader{}
-	if c, err := pool.RetryValue(rtnl.Open); err == nil {
-		r.host = c
-	}
 	if needProc {
 		if p, err := sysctl.Open(); err == nil {
 			r.sysctls = p
@@ -224,24 +222,15 @@ func openReader(needProc bool) *reader {
 	return r
 }
 
-func (r *reader) close() {
-	r.host.Close()
-	r.sysctls.Close()
-}
+func (r *reader) close() { r.sysctls.Close() }
 
 func inspect(rd *netns.RunDir, r *reader, snap *snapshot, hostByIndex map[int]rtnl.Link, want *spec.Namespace, st *Status) error {
-	host := r.host
 	h, err := rd.Open(st.Name)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	obs := Observed{HostLinks: snap.links, HostAddrs: snap.addrs, HostNsID: -1}
-	if host != nil {
-		if obs.HostNsID, err = host.NsID(h.Fd()); err != nil {
-			return err
-		}
-	}
+	obs := Observed{HostLinks: snap.links, HostAddrs: snap.addrs, HostIDInside: -1}
 	pfs := r.sysctls
 	if want != nil && len(want.Sysctls) > 0 {
 		if pfs == nil {
@@ -255,10 +244,13 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, hostByIndex map[int]rt
 	err = rtnl.Inside(h, rtnl.Open, func(in *rtnl.Conn) error {
 		var err error
 		if want == nil {
-			obs.Links, err = in.Links()
+			if obs.Links, err = in.Links(); err != nil {
+				return err
+			}
+			obs.HostIDInside, err = in.NsID(snap.home.Fd())
 			return err
 		}
-		if err := observe(in, pfs, want, &obs); err != nil {
+		if err := observe(in, snap.home, pfs, want, &obs); err != nil {
 			return err
 		}
 		fixes, err = Diff(want, &obs, false)
@@ -267,8 +259,8 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, hostByIndex map[int]rt
 	st.Owned = obs.Owned()
 	for _, l := range obs.Links {
 		ls := LinkStatus{Name: l.Name, Type: l.Type, Up: l.Up, MTU: l.MTU}
-		if l.Type == "veth" && l.PeerNsID >= 0 && obs.HostNsID >= 0 {
-			if hl, ok := hostByIndex[l.PeerIndex]; ok && hl.PeerIndex == l.Index && hl.PeerNsID == obs.HostNsID {
+		if l.Type == "veth" && obs.HostIDInside >= 0 && l.PeerNsID == obs.HostIDInside {
+			if hl, ok := hostByIndex[l.PeerIndex]; ok && hl.PeerIndex == l.Index {
 				ls.Host = hl.Name
 			}
 		}

@@ -23,11 +23,26 @@ type Observed struct {
 	Addrs   map[int][]netip.Prefix // inside, by ifindex
 	Routes  []rtnl.Route           // inside, main table
 	Sysctls map[string]string      // the spec's keys; missing keys are absent
-	// HostLinks are the host namespace's links by name, and HostNsID is
-	// the id the host uses for this namespace (-1: none assigned).
-	HostLinks map[string]rtnl.Link
-	HostAddrs map[int][]netip.Prefix
-	HostNsID  int
+	// HostLinks are the host namespace's links by name, and HostIDInside
+	// is the id this namespace uses for the host namespace (-1: none
+	// assigned). It is asked inside the namespace, where the kernel's
+	// lookup is over this namespace's few peers; the id the host uses for
+	// this namespace would be a lookup over every namespace the host
+	// knows, linear in the fleet (peernet2id), for each namespace.
+	HostLinks    map[string]rtnl.Link
+	HostAddrs    map[int][]netip.Prefix
+	HostIDInside int
+}
+
+// pairedHere reports whether the host link h is a veth whose other end is
+// in this namespace, and returns that end: the link inside with h's peer
+// index, pointing back at h across to the host.
+func (o *Observed) pairedHere(h rtnl.Link) (rtnl.Link, bool) {
+	if h.Type != "veth" || o.HostIDInside < 0 {
+		return rtnl.Link{}, false
+	}
+	in, ok := o.linkByIndex(h.PeerIndex)
+	return in, ok && in.Type == "veth" && in.PeerIndex == h.Index && in.PeerNsID == o.HostIDInside
 }
 
 func (o *Observed) link(name string) (rtnl.Link, bool) {
@@ -169,16 +184,15 @@ func hasRoute(got *Observed, want *spec.Namespace, r spec.Route) bool {
 func diffVeth(vi int, v spec.Veth, got *Observed) ([]Fix, error) {
 	host, hostOK := got.HostLinks[v.Host]
 	peer, peerOK := got.link(v.Peer)
-	paired := hostOK && peerOK && host.Type == "veth" && peer.Type == "veth" &&
-		got.HostNsID >= 0 && host.PeerNsID == got.HostNsID &&
-		host.PeerIndex == peer.Index && peer.PeerIndex == host.Index && peer.PeerNsID >= 0
+	end, ours := got.pairedHere(host)
+	paired := hostOK && peerOK && ours && end.Index == peer.Index
 	pair := v.Host + "/" + v.Peer
 	if !paired {
 		var del []DeleteLink
 		if hostOK {
 			// Only a veth whose other end is in this namespace (ours) may
 			// be removed; anything else on the host is not ours to touch.
-			if host.Type != "veth" || got.HostNsID < 0 || host.PeerNsID != got.HostNsID {
+			if !ours {
 				return nil, &Conflict{Reason: fmt.Sprintf("veth %s: host interface %s already exists and is not paired with this namespace (type %s)", pair, v.Host, host.Type)}
 			}
 			del = append(del, DeleteLink{Host: true, Index: host.Index, Name: v.Host})

@@ -26,13 +26,13 @@ func matching() *Observed {
 	return &Observed{
 		Links: []rtnl.Link{
 			{Index: 1, Name: "lo", Type: "device", Up: true, Alias: Marker, PeerNsID: -1},
-			{Index: 2, Name: "qri-1", Type: "veth", Up: true, MTU: 1400, PeerIndex: 50, PeerNsID: 0},
+			{Index: 2, Name: "qri-1", Type: "veth", Up: true, MTU: 1400, PeerIndex: 50, PeerNsID: 3},
 		},
-		Addrs:     map[int][]netip.Prefix{2: {netip.MustParsePrefix("10.0.0.2/30")}},
-		Routes:    []rtnl.Route{{To: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr("10.0.0.1"), Index: 2}},
-		Sysctls:   map[string]string{"net.ipv4.ip_forward": "1"},
-		HostLinks: map[string]rtnl.Link{"qro-1": {Index: 50, Name: "qro-1", Type: "veth", Up: true, MTU: 1400, PeerIndex: 2, PeerNsID: 7}},
-		HostNsID:  7,
+		Addrs:        map[int][]netip.Prefix{2: {netip.MustParsePrefix("10.0.0.2/30")}},
+		Routes:       []rtnl.Route{{To: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr("10.0.0.1"), Index: 2}},
+		Sysctls:      map[string]string{"net.ipv4.ip_forward": "1"},
+		HostLinks:    map[string]rtnl.Link{"qro-1": {Index: 50, Name: "qro-1", Type: "veth", Up: true, MTU: 1400, PeerIndex: 2, PeerNsID: 7}},
+		HostIDInside: 3,
 	}
 }
 
@@ -87,10 +87,9 @@ func TestDiffDrift(t *testing.T) {
 
 func TestDiffConflict(t *testing.T) {
 	o := matching()
-	// qro-1 belongs to some other namespace: not ours to delete.
-	h := o.HostLinks["qro-1"]
-	h.PeerNsID = 9
-	o.HostLinks["qro-1"] = h
+	// qro-1 belongs to some other namespace (where its peer has index 2
+	// too): not ours to delete. Our qri-1 is paired with another host link.
+	o.Links[1].PeerIndex = 60
 	_, err := Diff(wantNS(), o, false)
 	var c *Conflict
 	if !errors.As(err, &c) {

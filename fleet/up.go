@@ -40,6 +40,7 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 	if err != nil {
 		return Summary{}, fmt.Errorf("up: %w", err)
 	}
+	defer func() { snap.close() }()
 	if dyingPeers(f, pins, snap) {
 		// A host name we must create is held by a veth whose other end is
 		// in some other namespace: typically one that a killed nsfleet
@@ -50,6 +51,7 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 		if err := waitFreed(ctx, 10*time.Second); err != nil {
 			log.Debug("wait for freeing", "err", err)
 		}
+		snap.close()
 		if snap, err = hostSnapshot(f); err != nil {
 			return Summary{}, fmt.Errorf("up: %w", err)
 		}
@@ -132,6 +134,20 @@ func waitFreed(ctx context.Context, timeout time.Duration) error {
 type snapshot struct {
 	links map[string]rtnl.Link
 	addrs map[int][]netip.Prefix
+	// home is nsfleet's own namespace, whose id inside each namespace
+	// tells which veths there are paired with the host (see Observed).
+	home *netns.NS
+}
+
+func (s *snapshot) close() { s.home.Close() }
+
+// openHome opens nsfleet's own network namespace.
+func openHome() (*netns.NS, error) {
+	h, err := netns.Current()
+	if err != nil {
+		return nil, fmt.Errorf("own namespace: %w", err)
+	}
+	return h, nil
 }
 
 func hostSnapshot(f *spec.Fleet) (*snapshot, error) {
@@ -150,6 +166,9 @@ func hostSnapshot(f *spec.Fleet) (*snapshot, error) {
 		return nil, fmt.Errorf("host: %w", err)
 	}
 	s := &snapshot{links: make(map[string]rtnl.Link, len(links))}
+	if s.home, err = openHome(); err != nil {
+		return nil, err
+	}
 	for _, l := range links {
 		s.links[l.Name] = l
 	}
@@ -428,13 +447,7 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 		return res
 	}
 	defer h.Close()
-	obs := Observed{HostLinks: w.snap.links, HostAddrs: w.snap.addrs}
-	if len(ns.Veths) > 0 {
-		if obs.HostNsID, err = w.host.NsID(h.Fd()); err != nil {
-			res.Action, res.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: err}
-			return res
-		}
-	}
+	obs := Observed{HostLinks: w.snap.links, HostAddrs: w.snap.addrs, HostIDInside: -1}
 	if err := w.sysctls.NextNamespace(); err != nil {
 		res.Action, res.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: err}
 		return res
@@ -442,7 +455,7 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 	var fixes []Fix
 	err = rtnl.Inside(h, rtnl.Open, func(in *rtnl.Conn) error {
 		var err error
-		if err := observe(in, w.sysctls, ns, &obs); err != nil {
+		if err := observe(in, w.snap.home, w.sysctls, ns, &obs); err != nil {
 			return err
 		}
 		if !obs.Owned() && !w.opts.Adopt {
@@ -485,10 +498,15 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 }
 
 // observe reads the namespace's state; it runs inside the namespace.
-func observe(in *rtnl.Conn, pfs *sysctl.Procfs, ns *spec.Namespace, obs *Observed) error {
+func observe(in *rtnl.Conn, home *netns.NS, pfs *sysctl.Procfs, ns *spec.Namespace, obs *Observed) error {
 	var err error
 	if obs.Links, err = in.Links(); err != nil {
 		return err
+	}
+	if len(ns.Veths) > 0 {
+		if obs.HostIDInside, err = in.NsID(home.Fd()); err != nil {
+			return err
+		}
 	}
 	needAddrs := false
 	for _, v := range ns.Veths {

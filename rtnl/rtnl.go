@@ -441,7 +441,9 @@ func (c *Conn) Routes() ([]Route, error) {
 }
 
 // NsID returns the id this namespace uses for the namespace open as fd, or
-// -1 when it has none assigned.
+// -1 when it has none assigned. The kernel finds it by scanning every id this
+// namespace has assigned (peernet2id): on the host of a large fleet that is
+// linear in the fleet, so ask from inside a namespace, which knows few.
 func (c *Conn) NsID(fd int) (int, error) {
 	if err := c.full(); err != nil {
 		return -1, err
