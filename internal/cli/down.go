@@ -80,19 +80,21 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 					fmt.Fprintf(g.stderr, "down: waiting for the kernel to free them (%d host veths left)\n", total-done)
 				}
 			}
+			errs := &errorLog{w: g.stderr}
 			opts.OnResult = func(r fleet.Result) {
 				if r.Err != nil {
-					if prog != nil {
-						prog.printAbove(r.Err.Error())
-					} else {
-						fmt.Fprintln(g.stderr, r.Err)
-					}
+					errs.print(prog, r.Err.Error())
 				}
 			}
 			rep, err := fleet.Down(cmd.Context(), sel, opts, fleet.DownOptions{Wait: !noWait, Timeout: timeout})
 			if prog != nil {
 				prog.finish()
 			}
+			what := file
+			if what == "" {
+				what = "--prefix " + prefix
+			}
+			errs.flush(g.stderr, "down", what)
 			if err != nil {
 				return err
 			}

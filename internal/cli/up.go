@@ -58,11 +58,12 @@ summary and exits with code 130; the next up carries on.`,
 			}
 			prog := newProgress(g.stderr, verb, len(f.Namespaces), progressMode)
 			var failures []fleet.Result
+			errs := &errorLog{w: g.stderr}
 			opts.OnResult = func(r fleet.Result) {
 				prog.add(1)
 				if r.Err != nil {
 					failures = append(failures, r)
-					prog.printAbove(r.Err.Error())
+					errs.print(prog, r.Err.Error())
 				}
 				if dryRun && r.Action != fleet.Unchanged && r.Err == nil {
 					prog.printAboveTo(g.stdout, fmt.Sprintf("%s %s: %s", r.Action, r.Name, strings.Join(r.Fixes, "; ")))
@@ -73,6 +74,7 @@ summary and exits with code 130; the next up carries on.`,
 			}
 			sum, err := fleet.Up(cmd.Context(), f, opts)
 			prog.finish()
+			errs.flush(g.stderr, verb, file)
 			if err != nil {
 				return err
 			}
