@@ -457,3 +457,24 @@ func TestUnprivileged(t *testing.T) {
 		t.Errorf("after the refusals: %s %s", out, errs)
 	}
 }
+
+// A dry run of down says what it would delete, and deletes nothing.
+func TestDownDryRun(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	spec := writeSpec(t, p, 3)
+	if code, out, errs := run("--run-dir", rd.Path, "up", "-f", spec, "--progress", "none"); code != 0 {
+		t.Fatalf("up: %s%s", out, errs)
+	}
+	code, out, errs := run("--run-dir", rd.Path, "down", "-f", spec, "--dry-run", "--progress", "none")
+	if code != 0 || !strings.Contains(out, "down (dry run): would delete 3 namespaces\n") {
+		t.Fatalf("dry run: code %d\n%s%s", code, out, errs)
+	}
+	if code, out, errs := run("--run-dir", rd.Path, "ls", "-f", spec); code != 0 {
+		t.Fatalf("after the dry run: %s%s", out, errs)
+	}
+	if code, out, errs := run("--run-dir", rd.Path, "down", "-f", spec, "--progress", "none"); code != 0 || !strings.Contains(out, "down: 3 deleted") {
+		t.Fatalf("down: code %d\n%s%s", code, out, errs)
+	}
+}
