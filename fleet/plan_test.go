@@ -61,7 +61,7 @@ func TestDiffDrift(t *testing.T) {
 		{"sysctl", func(o *Observed) { o.Sysctls["net.ipv4.ip_forward"] = "0" }, FixSysctl},
 		{"sysctl missing", func(o *Observed) { delete(o.Sysctls, "net.ipv4.ip_forward") }, FixSysctl},
 		{"veth missing", func(o *Observed) { o.Links = o.Links[:1]; delete(o.HostLinks, "qro-1") }, FixVeth},
-		{"peer missing, host end left", func(o *Observed) { o.Links = o.Links[:1] }, FixReplaceVeth},
+		{"peer renamed, host end left", func(o *Observed) { o.Links[1].Name = "foo" }, FixReplaceVeth},
 		{"mtu", func(o *Observed) { o.Links[1].MTU = 1500 }, FixVethMTU},
 		{"down", func(o *Observed) { h := o.HostLinks["qro-1"]; h.Up = false; o.HostLinks["qro-1"] = h }, FixVethUp},
 		{"address", func(o *Observed) { o.Addrs = nil }, FixPeerAddr},
@@ -95,6 +95,13 @@ func TestDiffConflict(t *testing.T) {
 	if !errors.As(err, &c) {
 		t.Fatalf("err = %v, want *Conflict", err)
 	}
+	// Its other end was moved out of this namespace: no longer ours either.
+	o = matching()
+	o.Links = o.Links[:1]
+	if _, err := Diff(wantNS(), o, false); !errors.As(err, &c) {
+		t.Fatalf("peer moved away: err = %v, want *Conflict", err)
+	}
+	o = matching()
 	o.HostLinks["qro-1"] = rtnl.Link{Index: 50, Name: "qro-1", Type: "dummy", PeerNsID: -1}
 	if _, err := Diff(wantNS(), o, false); !errors.As(err, &c) {
 		t.Fatalf("dummy in the way: err = %v, want *Conflict", err)
