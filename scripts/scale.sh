@@ -65,11 +65,10 @@ host_veths() { ip -o link show 2>/dev/null | grep -c "${prefix}[og][0-9]*@" || t
 
 for bin in "${bins[@]}"; do
 	label=$(basename "$bin")
-	nsf() { "$bin" --run-dir "$rundir" "$@"; }
-	step up nsf up -f "$spec" --progress none
-	step ls nsf ls -f "$spec" -o json
-	step up-again nsf up -f "$spec" --progress none
-	step down nsf down -f "$spec" --progress none --timeout 10m
+	step up "$bin" --run-dir "$rundir" up -f "$spec" --progress none
+	step ls "$bin" --run-dir "$rundir" ls -f "$spec" -o json
+	step up-again "$bin" --run-dir "$rundir" up -f "$spec" --progress none
+	step down "$bin" --run-dir "$rundir" down -f "$spec" --progress none --timeout 10m
 done
 
 # The baseline: the same fleet, removed by unmount and unlink, then waited
