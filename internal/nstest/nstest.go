@@ -203,25 +203,68 @@ type Snapshot struct {
 	Threads map[string]int // netns of each thread -> count
 }
 
-// Take records the current state.
+// ours reports whether a link or pin name is this test binary's: made
+// under a Prefix of this process ("t<pid>x-"), by a bench scenario of this
+// process ("b<pid>-"), or as one of fleet.Down's sentinels ("nsfb<pid>-").
+// Other test binaries run at the same time (go test runs packages in
+// parallel) and make and remove their own objects: the leak check counts
+// only this binary's, and .ci/run checks the whole host at the end.
+func ours(name string) bool {
+	pid := os.Getpid()
+	if rest, ok := strings.CutPrefix(name, fmt.Sprintf("t%d", pid%10000)); ok {
+		return len(rest) >= 2 && rest[0] >= 'a' && rest[0] <= 'z' && rest[1] == '-'
+	}
+	return strings.HasPrefix(name, fmt.Sprintf("b%d-", pid%100000)) ||
+		strings.HasPrefix(name, fmt.Sprintf("nsfb%d-", pid%10000000))
+}
+
+// tmpRoot is this test binary's own temporary directory (see Main): every
+// t.TempDir of the binary is under it, so a mount under it is this binary's.
+var tmpRoot string
+
+// oursMount reports whether a mount point is this test binary's: under its
+// temporary directory, or a pin of its in /run/netns.
+func oursMount(mp string) bool {
+	if tmpRoot != "" && (mp == tmpRoot || strings.HasPrefix(mp, tmpRoot+"/")) {
+		return true
+	}
+	dir, name := filepath.Split(mp)
+	return filepath.Clean(dir) == netns.DefaultRunDir && ours(name)
+}
+
+// Take records the current state of what this test binary may make.
 func Take() Snapshot {
 	var s Snapshot
 	if c, err := rtnl.Open(); err == nil {
-		if ls, err := c.Links(); err == nil {
-			for _, l := range ls {
-				s.Links = append(s.Links, l.Name)
+		// Under load, with other test binaries changing links, a dump can
+		// be cut short again and again; a missing list is no evidence.
+		for try := 0; try < 5; try++ {
+			ls, err := c.Links()
+			if err != nil {
+				time.Sleep(50 * time.Millisecond)
+				continue
 			}
+			for _, l := range ls {
+				if ours(l.Name) {
+					s.Links = append(s.Links, l.Name)
+				}
+			}
+			break
 		}
 		c.Close()
 	}
 	if ms, err := netns.ReadMountInfo(); err == nil {
 		for _, m := range ms {
-			s.Mounts = append(s.Mounts, m.MountPoint)
+			if oursMount(m.MountPoint) {
+				s.Mounts = append(s.Mounts, m.MountPoint)
+			}
 		}
 	}
 	if ents, err := os.ReadDir(netns.DefaultRunDir); err == nil {
 		for _, e := range ents {
-			s.Pins = append(s.Pins, e.Name())
+			if ours(e.Name()) {
+				s.Pins = append(s.Pins, e.Name())
+			}
 		}
 	}
 	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
@@ -299,6 +342,18 @@ func Main(m *testing.M) {
 	if os.Geteuid() != 0 {
 		os.Exit(m.Run())
 	}
+	// A temporary directory of this binary's own, for every t.TempDir:
+	// mounts under it are this binary's (see oursMount).
+	if dir, err := os.MkdirTemp("", fmt.Sprintf("nsfleet-test-%d-", os.Getpid())); err == nil {
+		if real, err := filepath.EvalSymlinks(dir); err == nil {
+			dir = real
+		}
+		// Searchable by others, as /tmp is (tests that drop privileges
+		// make a directory of their own in it); t.TempDir's are 0700.
+		os.Chmod(dir, 0o755)
+		tmpRoot = dir
+		os.Setenv("TMPDIR", dir)
+	}
 	before := Take()
 	code := m.Run()
 	// Namespaces are freed asynchronously; give the kernel a moment.
@@ -318,6 +373,8 @@ func Main(m *testing.M) {
 		if code == 0 {
 			code = 1
 		}
+	} else if tmpRoot != "" {
+		os.RemoveAll(tmpRoot) // nothing is mounted under it any more
 	}
 	os.Exit(code)
 }
