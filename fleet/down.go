@@ -362,7 +362,7 @@ func check(rd *netns.RunDir, home *netns.NS, name string, hostVeths map[int]rtnl
 	defer h.Close()
 	tg := &target{name: name, veths: map[int]string{}}
 	owned := false
-	err = rtnl.Inside(h, rtnl.Open, func(in *rtnl.Conn) error {
+	err = rtnl.Inside(h, rtnl.OpenLite, func(in *rtnl.Conn) error {
 		links, err := in.Links()
 		if err != nil {
 			return err

@@ -444,13 +444,25 @@ func (c *Conn) Routes() ([]Route, error) {
 // -1 when it has none assigned. The kernel finds it by scanning every id this
 // namespace has assigned (peernet2id): on the host of a large fleet that is
 // linear in the fleet, so ask from inside a namespace, which knows few.
+// Works on a lite Conn (one RTM_GETNSID on the raw socket).
 func (c *Conn) NsID(fd int) (int, error) {
-	if err := c.full(); err != nil {
-		return -1, err
-	}
-	id, err := c.h.GetNetNsIdByFd(fd)
+	req := c.request(unix.RTM_GETNSID, 0)
+	req.AddData(nl.NewRtGenMsg())
+	req.AddData(nl.NewRtAttr(unix.NETNSA_FD, nl.Uint32Attr(uint32(fd))))
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWNSID)
 	if err != nil {
 		return -1, fmt.Errorf("get nsid: %w", err)
 	}
-	return id, nil
+	for _, m := range msgs {
+		attrs, err := nl.ParseRouteAttr(m[nl.DeserializeRtGenMsg(m).Len():])
+		if err != nil {
+			return -1, fmt.Errorf("get nsid: %w", err)
+		}
+		for _, a := range attrs {
+			if a.Attr.Type == unix.NETNSA_NSID && len(a.Value) >= 4 {
+				return int(int32(nl.NativeEndian().Uint32(a.Value))), nil
+			}
+		}
+	}
+	return -1, errors.New("get nsid: no id in the reply")
 }
