@@ -318,7 +318,7 @@ func checkKernel(e *Environment) []Finding {
 func checkNeigh(e *Environment) []Finding {
 	hostVeths := 0
 	for _, l := range e.Links {
-		if l.Type == "veth" && l.PeerNsID >= 0 {
+		if l.Type == "veth" && l.PeerElsewhere {
 			hostVeths++
 		}
 	}

@@ -137,7 +137,7 @@ func TestCheckNeighAndBridges(t *testing.T) {
 	e := fakeEnv()
 	e.GcThresh3 = 10
 	for i := 0; i < 12; i++ {
-		e.Links = append(e.Links, rtnl.Link{Type: "veth", PeerNsID: i, Index: 100 + i})
+		e.Links = append(e.Links, rtnl.Link{Type: "veth", PeerNsID: i, PeerElsewhere: true, Index: 100 + i})
 	}
 	if f := checkNeigh(e); f[0].Severity != Warn {
 		t.Errorf("12 host veths over gc_thresh3 10: %v", severities(f))

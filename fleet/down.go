@@ -163,7 +163,7 @@ func (td *teardown) check(pins []netns.PinInfo) ([]*target, error) {
 	}
 	hostVeths := map[int]rtnl.Link{}
 	for _, l := range hostLinks {
-		if l.Type == "veth" && l.PeerNsID >= 0 {
+		if l.Type == "veth" && l.PeerElsewhere {
 			hostVeths[l.Index] = l
 		}
 	}

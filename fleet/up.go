@@ -93,7 +93,8 @@ func pinMap(rd *netns.RunDir) (map[string]*netns.PinInfo, error) {
 }
 
 // dyingPeers reports whether a namespace to be created has a host name held
-// by a veth paired into another namespace.
+// by a veth paired into another namespace (one being freed has already lost
+// its id, so the id is not asked for: only that the peer is elsewhere).
 func dyingPeers(f *spec.Fleet, pins map[string]*netns.PinInfo, snap *snapshot) bool {
 	for i := range f.Namespaces {
 		ns := &f.Namespaces[i]
@@ -101,7 +102,7 @@ func dyingPeers(f *spec.Fleet, pins map[string]*netns.PinInfo, snap *snapshot) b
 			continue
 		}
 		for _, v := range ns.Veths {
-			if l, ok := snap.links[v.Host]; ok && l.Type == "veth" && l.PeerNsID >= 0 {
+			if l, ok := snap.links[v.Host]; ok && l.Type == "veth" && l.PeerElsewhere {
 				return true
 			}
 		}

@@ -55,6 +55,7 @@ func parseLink(b []byte) (Link, error) {
 		case unix.IFLA_LINK_NETNSID:
 			if len(a.val) >= 4 {
 				l.PeerNsID = int(int32(ne.Uint32(a.val)))
+				l.PeerElsewhere = true
 			}
 		case unix.IFLA_LINKINFO:
 			info, err := parseAttrs(a.val)

@@ -182,9 +182,13 @@ type Link struct {
 	MTU   int
 	Alias string
 	// For a veth: the peer's ifindex and the id of the peer's namespace as
-	// seen from here (-1: same namespace, i.e. no IFLA_LINK_NETNSID).
+	// seen from here (-1: same namespace, or one without an id).
 	PeerIndex int
 	PeerNsID  int
+	// PeerElsewhere: the peer is in another namespace (IFLA_LINK_NETNSID is
+	// present), even when that namespace has no id any more: one being
+	// freed has lost its id before its devices are gone.
+	PeerElsewhere bool
 	Master    int // ifindex of the bridge or bond it is enslaved to, or 0
 }
 

@@ -58,6 +58,9 @@ func TestVethPeerInPlace(t *testing.T) {
 	if hl.Type != "veth" || hl.MTU != 1300 || peer.MTU != 1300 || hl.PeerIndex != peer.Index || peer.PeerIndex != hl.Index {
 		t.Fatalf("pair not linked: host %+v peer %+v", hl, peer)
 	}
+	if !hl.PeerElsewhere || !peer.PeerElsewhere {
+		t.Fatalf("the ends do not say their peer is in another namespace: host %+v peer %+v", hl, peer)
+	}
 	if len(addrs[peer.Index]) != 1 {
 		t.Fatalf("addresses %v", addrs)
 	}
