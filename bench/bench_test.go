@@ -144,3 +144,35 @@ func TestUevent(t *testing.T) {
 		t.Fatalf("left behind: %v", left)
 	}
 }
+
+// TestFakeRouterEveryEngine runs the thread's own methods too (the ip
+// script, ip -batch, pyroute2), small. Where python3-pyroute2 is missing
+// the engine is skipped with the reason, except in CI, which installs it.
+func TestFakeRouterEveryEngine(t *testing.T) {
+	nstest.RequireRoot(t)
+	s, _ := Lookup("fake-router")
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	r, err := Execute(context.Background(), s, Options{N: 6, Mark: 3, Runs: 1, Engines: []string{"iproute2", "iproute2-batch", "pyroute2"}, Variants: []string{"add+2exec+2link"}, Prefix: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := map[string]int{}
+	for _, x := range r.Samples {
+		if x.Metric == "rate" && x.Value > 0 {
+			ran[x.Config["engine"]]++
+		}
+	}
+	for _, eng := range []string{"iproute2", "iproute2-batch", "pyroute2"} {
+		if ran[eng] != 2 {
+			if eng == "pyroute2" && os.Getenv("CI") == "" && len(r.Skipped) > 0 {
+				t.Logf("pyroute2 skipped here: %v", r.Skipped)
+				continue
+			}
+			t.Errorf("engine %s: %d rate samples, want 2 (skipped: %v)", eng, ran[eng], r.Skipped)
+		}
+	}
+	if left := nstest.HostLinks(t, p); len(left) > 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
