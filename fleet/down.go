@@ -14,6 +14,7 @@ import (
 	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
+	"golang.org/x/sys/unix"
 )
 
 // Selector chooses namespaces by exact names (from a spec) or by prefix.
@@ -408,16 +409,20 @@ func IsOwned(h *netns.NS) (bool, error) {
 // is left. On timeout it returns those still there.
 func waitLinksGone(ctx context.Context, host *rtnl.Conn, veths map[int]string, onPoll func(left int)) (map[int]string, error) {
 	left := veths
-	// Each poll is a dump of every host link: with tens of thousands of
-	// links it costs CPU that the kernel's cleanup needs, so poll gently.
-	for delay := 2 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
+	// Each poll is a dump of every host link, and the kernel fills in each
+	// veth's peer namespace id by a scan over every id the host has
+	// assigned: on a large fleet a dump costs CPU that the kernel's cleanup
+	// needs. So poll gently, never more than a fifth of the time.
+	for delay := 2 * time.Millisecond; ; {
 		if len(left) == 0 {
 			return nil, nil
 		}
+		t0 := time.Now()
 		links, err := host.Links()
 		if err != nil {
 			return left, err
 		}
+		delay = min(max(delay*2, 4*time.Since(t0)), 2*time.Second)
 		now := make(map[int]string)
 		for _, l := range links {
 			if name, ok := left[l.Index]; ok && name == l.Name {
@@ -478,7 +483,7 @@ func (s *sentinel) release() { s.ns.Close() }
 func freeBarrier(ctx context.Context, host *rtnl.Conn, sents []*sentinel) error {
 	for _, s := range sents {
 		s.release()
-		if _, err := waitLinksGone(ctx, host, map[int]string{s.index: s.name}, nil); err != nil {
+		if err := s.waitGone(ctx, host); err != nil {
 			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 				return fmt.Errorf("sentinel %s not cleaned up in time", s.name)
 			}
@@ -486,4 +491,23 @@ func freeBarrier(ctx context.Context, host *rtnl.Conn, sents []*sentinel) error 
 		}
 	}
 	return nil
+}
+
+// waitGone polls the sentinel's host veth by its index (one link, not a
+// dump of all of them) until it is gone.
+func (s *sentinel) waitGone(ctx context.Context, host *rtnl.Conn) error {
+	for delay := time.Millisecond; ; delay = min(delay*2, 50*time.Millisecond) {
+		l, err := host.LinkByIndex(s.index)
+		if errors.Is(err, unix.ENODEV) || err == nil && l.Name != s.name {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
 }
