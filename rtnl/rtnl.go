@@ -189,7 +189,7 @@ type Link struct {
 	// present), even when that namespace has no id any more: one being
 	// freed has lost its id before its devices are gone.
 	PeerElsewhere bool
-	Master    int // ifindex of the bridge or bond it is enslaved to, or 0
+	Master        int // ifindex of the bridge or bond it is enslaved to, or 0
 }
 
 // Links dumps every link (statistics left out). Works on a lite Conn.
