@@ -387,6 +387,9 @@ func (p PinInfo) State() PinState {
 // taken from mountinfo (no namespace is opened).
 func (d *RunDir) List() ([]PinInfo, error) {
 	f, err := os.Open(d.Path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil // a run dir not made yet holds no pins
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", d.Path, err)
 	}

@@ -383,8 +383,12 @@ func TestMissingRunDirIsEmpty(t *testing.T) {
 	if code, out, errs := run("--run-dir", dir, "down", "--prefix", "x"); code != 0 || !strings.Contains(out, "nothing to delete") {
 		t.Errorf("down: %d %q %q", code, out, errs)
 	}
+	spec := writeSpec(t, nstest.Prefix(t), 2)
+	if code, out, errs := run("--run-dir", dir, "up", "-f", spec, "--dry-run", "--progress", "none"); code != 0 || !strings.Contains(out, "plan: 2 namespaces: 2 to create") {
+		t.Errorf("up --dry-run: %d %q %q", code, out, errs)
+	}
 	if _, err := os.Stat(dir); err == nil {
-		t.Error("ls or down created the run dir")
+		t.Error("ls, down or a dry run created the run dir")
 	}
 }
 

@@ -1,8 +1,12 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
+	"github.com/nsfleet/nsfleet/netns"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -43,6 +47,14 @@ summary and exits with code 130; the next up carries on.`,
 				return err
 			}
 			rd, lock, err := g.openRunDir(!dryRun)
+			if dryRun && errors.Is(err, os.ErrNotExist) {
+				// Nothing exists yet: the plan is to create everything.
+				abs, aerr := filepath.Abs(g.runDir)
+				if aerr != nil {
+					return fmt.Errorf("up: %w", aerr)
+				}
+				rd, err = &netns.RunDir{Path: abs}, nil
+			}
 			if err != nil {
 				return fmt.Errorf("up: %w", err)
 			}
