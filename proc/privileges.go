@@ -152,7 +152,7 @@ func PrivilegesHelperMain(args []string) {
 		i++
 	}
 	if i+1 >= len(args) {
-		helperFail("privileges helper: want SETTINGS -- CMD [ARGS...]")
+		privilegesFail("privileges helper: want SETTINGS -- CMD [ARGS...]")
 	}
 	argv := args[i+1:]
 	var (
@@ -184,12 +184,12 @@ func PrivilegesHelperMain(args []string) {
 			err = fmt.Errorf("unknown setting %q", kv)
 		}
 		if err != nil {
-			helperFail("privileges helper: %v", err)
+			privilegesFail("privileges helper: %v", err)
 		}
 	}
 	if nnp {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-			helperFail("%s: no_new_privs: %v", argv[0], err)
+			privilegesFail("%s: no_new_privs: %v", argv[0], err)
 		}
 	}
 	keep := map[int]bool{}
@@ -200,7 +200,7 @@ func PrivilegesHelperMain(args []string) {
 		for c := 0; c <= lastCap; c++ {
 			if !keep[c] {
 				if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-					helperFail("%s: drop capability %d from the bounding set: %v", argv[0], c, err)
+					privilegesFail("%s: drop capability %d from the bounding set: %v", argv[0], c, err)
 				}
 			}
 		}
@@ -210,20 +210,20 @@ func PrivilegesHelperMain(args []string) {
 			// Keep the permitted set across the UID change; it is cut down
 			// to exactly caps below.
 			if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
-				helperFail("%s: keepcaps: %v", argv[0], err)
+				privilegesFail("%s: keepcaps: %v", argv[0], err)
 			}
 		}
 		if err := setgroupsThread(groups); err != nil {
-			helperFail("%s: setgroups: %v", argv[0], err)
+			privilegesFail("%s: setgroups: %v", argv[0], err)
 		}
 		// Raw system calls: they change this thread only, which is the one
 		// that execs (the libc and Go wrappers would change every thread,
 		// which Go refuses to do in a cgo binary).
 		if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); e != 0 {
-			helperFail("%s: setresgid %d: %v", argv[0], gid, e)
+			privilegesFail("%s: setresgid %d: %v", argv[0], gid, e)
 		}
 		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
-			helperFail("%s: setresuid %d: %v", argv[0], uid, e)
+			privilegesFail("%s: setresuid %d: %v", argv[0], uid, e)
 		}
 	}
 	if capsGiven {
@@ -238,20 +238,20 @@ func PrivilegesHelperMain(args []string) {
 		}
 		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 		if err := unix.Capset(&hdr, &data[0]); err != nil {
-			helperFail("%s: capset: %v", argv[0], err)
+			privilegesFail("%s: capset: %v", argv[0], err)
 		}
 		for _, c := range caps {
 			if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_RAISE, uintptr(c), 0, 0); err != nil {
-				helperFail("%s: raise ambient capability %s: %v", argv[0], spec.Capabilities[c], err)
+				privilegesFail("%s: raise ambient capability %s: %v", argv[0], spec.Capabilities[c], err)
 			}
 		}
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		helperFail("%s: %v", argv[0], err)
+		privilegesFail("%s: %v", argv[0], err)
 	}
 	err = syscall.Exec(path, argv, os.Environ())
-	helperFail("exec %s: %v", argv[0], err)
+	privilegesFail("exec %s: %v", argv[0], err)
 }
 
 func setgroupsThread(groups []int) error {
@@ -276,4 +276,13 @@ func lastCapability() (int, error) {
 		return len(spec.Capabilities) - 1, err
 	}
 	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+// privilegesFail reports why the privileges helper could not drop what it
+// was asked to, or exec the command, in the process's log (its stderr),
+// and exits 125, as the mount helper does: the process then counts as a
+// failed start, never as the command running with more than it should.
+func privilegesFail(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "nsfleet: start process: "+format+"\n", a...)
+	os.Exit(125)
 }
