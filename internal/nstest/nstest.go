@@ -75,16 +75,20 @@ func SystemRunDir(t testing.TB) {
 	lock := filepath.Join(filepath.Dir(netns.DefaultRunDir), "."+filepath.Base(netns.DefaultRunDir)+".nsfleet.lock")
 	_, lockErr := os.Stat(lock)
 	t.Cleanup(func() {
-		if ents, err := os.ReadDir(netns.DefaultRunDir); err != nil || len(ents) > 0 {
-			return
+		ents, err := os.ReadDir(netns.DefaultRunDir)
+		if err == nil && len(ents) > 0 {
+			return // pins of another test or tool: leave it all
 		}
-		if !wasMount {
-			for i := 0; i < 8 && unix.Unmount(netns.DefaultRunDir, unix.MNT_DETACH) == nil; i++ {
+		if err == nil {
+			if !wasMount {
+				for i := 0; i < 8 && unix.Unmount(netns.DefaultRunDir, unix.MNT_DETACH) == nil; i++ {
+				}
+			}
+			if !existed {
+				os.Remove(netns.DefaultRunDir)
 			}
 		}
-		if !existed {
-			os.Remove(netns.DefaultRunDir)
-		}
+		// Also when another test binary removed the run dir first.
 		if lockErr != nil {
 			os.Remove(lock)
 		}
