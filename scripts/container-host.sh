@@ -16,6 +16,7 @@ saved=()
 for k in "${keys[@]}"; do saved+=("$k=$(sysctl -n "$k")"); done
 had_runnetns=no; [ -d /run/netns ] && had_runnetns=yes
 was_mount=no; mountpoint -q /run/netns 2>/dev/null && was_mount=yes
+had_lock=no; [ -e /run/.netns.nsfleet.lock ] && had_lock=yes
 foreign="nsfleet-foreign-$$"
 tmp=$(mktemp -d)
 restore() {
@@ -25,6 +26,9 @@ restore() {
 		while mountpoint -q /run/netns 2>/dev/null; do umount /run/netns || break; done
 	fi
 	if [ "$had_runnetns" = no ]; then rmdir /run/netns 2>/dev/null || true; fi
+	# Tests that used /run/netns left nsfleet's lock beside it (the foreign
+	# namespace kept them from tidying up).
+	if [ "$had_lock" = no ]; then rm -f /run/.netns.nsfleet.lock; fi
 	umount "$tmp" 2>/dev/null || true
 	rmdir "$tmp" 2>/dev/null || true
 }
