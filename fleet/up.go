@@ -140,7 +140,11 @@ type snapshot struct {
 	home *netns.NS
 }
 
-func (s *snapshot) close() { s.home.Close() }
+func (s *snapshot) close() {
+	if s != nil {
+		s.home.Close()
+	}
+}
 
 // openHome opens nsfleet's own network namespace.
 func openHome() (*netns.NS, error) {
@@ -220,11 +224,11 @@ type worker struct {
 }
 
 func newWorker(rd *netns.RunDir, snap *snapshot, opts *Options) (*worker, error) {
-	host, err := pool.RetryValue(rtnl.Open)
+	host, err := rtnl.Open() // both wait out EMFILE themselves
 	if err != nil {
 		return nil, err
 	}
-	pfs, err := pool.RetryValue(sysctl.Open)
+	pfs, err := sysctl.Open()
 	if err != nil {
 		host.Close()
 		return nil, err

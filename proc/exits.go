@@ -42,9 +42,13 @@ func newExitWatch() (*exitWatch, error) {
 	return w, nil
 }
 
-// pidfdOpen opens a pidfd for pid.
+// pidfdOpen opens a pidfd for pid; on failure the descriptor is -1.
 func pidfdOpen(pid int) (int, error) {
-	return unix.PidfdOpen(pid, 0)
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, err
+	}
+	return fd, nil
 }
 
 // add watches pidfd (which the watch now owns): key is sent on C once the

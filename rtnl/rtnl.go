@@ -102,8 +102,8 @@ func Open() (*Conn, error) {
 }
 
 // OpenLite opens a Conn that can do link operations (lookups, dumps,
-// SetLoopback, AddVeth, SetUp, SetAlias, SetMTU, DeleteLink) but not
-// addresses, routes or NsID. It costs one socket.
+// SetLoopback, AddVeth, SetUp, SetAlias, SetMTU, DeleteLink, NsID) but not
+// addresses or routes. It costs one socket.
 func OpenLite() (*Conn, error) {
 	s, err := pool.RetryValue(func() (*nl.NetlinkSocket, error) {
 		return nl.GetNetlinkSocketAt(vnetns.None(), vnetns.None(), unix.NETLINK_ROUTE)

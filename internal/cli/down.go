@@ -90,8 +90,8 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			if prog != nil {
 				prog.finish()
 			}
-			what := file
-			if what == "" {
+			what := "-f " + file
+			if file == "" {
 				what = "--prefix " + prefix
 			}
 			errs.flush(g.stderr, "down", what)

@@ -38,16 +38,5 @@ func needRoot(command string) error {
 	if len(missing) == 0 {
 		return nil
 	}
-	return &exitError{code: ExitFailed, err: fmt.Errorf("%s: needs root (%s; this process lacks %s): run it with sudo, or as root", command, joinCaps(neededCaps), strings.Join(missing, ", "))}
-}
-
-func joinCaps(cs []struct {
-	n    int
-	name string
-}) string {
-	var s []string
-	for _, c := range cs {
-		s = append(s, c.name)
-	}
-	return strings.Join(s, ", ")
+	return &exitError{code: ExitFailed, err: fmt.Errorf("%s: needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN; this process lacks %s): run it with sudo, or as root", command, strings.Join(missing, ", "))}
 }

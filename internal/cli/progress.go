@@ -125,9 +125,10 @@ func (e *errorLog) print(p *progress, msg string) {
 	p.printAbove(msg)
 }
 
-// flush says how many failures were not printed, and where to see them.
-func (e *errorLog) flush(w io.Writer, verb, spec string) {
+// flush says how many failures were not printed, and where to see them:
+// selection is what ls takes to list the same namespaces ("-f SPEC").
+func (e *errorLog) flush(w io.Writer, verb, selection string) {
 	if e.hidden > 0 {
-		fmt.Fprintf(w, "%s: ... and %d more failures not shown (nsfleet ls -f %s lists every namespace's state)\n", verb, e.hidden, spec)
+		fmt.Fprintf(w, "%s: ... and %d more failures not shown (nsfleet ls %s lists every namespace's state)\n", verb, e.hidden, selection)
 	}
 }

@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"github.com/nsfleet/nsfleet/netns"
 	"io"
 	"os"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/netns"
 	"github.com/spf13/cobra"
 )
 
@@ -86,7 +86,7 @@ summary and exits with code 130; the next up carries on.`,
 			}
 			sum, err := fleet.Up(cmd.Context(), f, opts)
 			prog.finish()
-			errs.flush(g.stderr, verb, file)
+			errs.flush(g.stderr, verb, "-f "+file)
 			if err != nil {
 				return err
 			}
