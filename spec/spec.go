@@ -644,3 +644,30 @@ func expandPrefixes(in []string, env expandEnv) ([]netip.Prefix, error) {
 	}
 	return out, nil
 }
+
+// Subset returns the fleet of the named namespaces that f has, in f's
+// order; names f does not have are ignored. The namespaces are shared.
+func (f *Fleet) Subset(names []string) *Fleet {
+	want := make(map[string]bool, len(names))
+	for _, n := range names {
+		want[n] = true
+	}
+	out := &Fleet{Source: f.Source, byName: map[string]int{}}
+	for i := range f.Namespaces {
+		if want[f.Namespaces[i].Name] {
+			out.byName[f.Namespaces[i].Name] = len(out.Namespaces)
+			out.Namespaces = append(out.Namespaces, f.Namespaces[i])
+		}
+	}
+	return out
+}
+
+// HasProcesses reports whether any namespace runs processes.
+func (f *Fleet) HasProcesses() bool {
+	for i := range f.Namespaces {
+		if len(f.Namespaces[i].Processes) > 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -1,42 +1,16 @@
 package cli
 
-import (
-	"fmt"
-	"strings"
+import "github.com/nsfleet/nsfleet/internal/privilege"
 
-	"golang.org/x/sys/unix"
-)
-
-// The capabilities nsfleet needs to change namespaces: CAP_SYS_ADMIN for
-// setns, unshare and mounts, CAP_NET_ADMIN for links and sysctls.
-var neededCaps = []struct {
-	n    int
-	name string
-}{{unix.CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, {unix.CAP_NET_ADMIN, "CAP_NET_ADMIN"}}
-
-// missingCaps lists the needed capabilities the process does not have in
-// its effective set (root of a user namespace has them all there).
-func missingCaps() []string {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return nil // cannot tell: let the kernel say
-	}
-	var out []string
-	for _, c := range neededCaps {
-		if data[c.n/32].Effective&(1<<(c.n%32)) == 0 {
-			out = append(out, c.name)
-		}
-	}
-	return out
-}
+// missingCaps lists the capabilities for changing namespaces that the
+// process lacks.
+func missingCaps() []string { return privilege.Missing() }
 
 // needRoot refuses a command that changes namespaces when the process lacks
 // the capabilities for it, once and clearly, before anything is touched.
 func needRoot(command string) error {
-	missing := missingCaps()
-	if len(missing) == 0 {
-		return nil
+	if err := privilege.Need(command); err != nil {
+		return &exitError{code: ExitFailed, err: err}
 	}
-	return &exitError{code: ExitFailed, err: fmt.Errorf("%s: needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN; this process lacks %s): run it with sudo, or as root", command, strings.Join(missing, ", "))}
+	return nil
 }

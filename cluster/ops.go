@@ -1,0 +1,289 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nsfleet/nsfleet/spec"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// Snapshot is every nsfleet key at one revision, decoded.
+type Snapshot struct {
+	Rev          int64
+	Spec         *SpecDoc
+	SpecRev      int64 // mod revision of the spec key; 0: none
+	Nodes        map[string]NodeInfo
+	Status       map[string]NodeStatus
+	Cordons      map[string]Cordon
+	Assign       map[string]Assignment
+	AssignRev    map[string]int64 // mod revision of each assignment key
+	AssignGenRev int64
+	Failovers    []Failover
+	FailoverRevs []int64 // the key revision of each failover record
+}
+
+// Read takes a Snapshot with one range read.
+func Read(ctx context.Context, cli *clientv3.Client) (*Snapshot, error) {
+	resp, err := cli.Get(ctx, Prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	s := &Snapshot{
+		Rev: resp.Header.Revision, Nodes: map[string]NodeInfo{}, Status: map[string]NodeStatus{},
+		Cordons: map[string]Cordon{}, Assign: map[string]Assignment{}, AssignRev: map[string]int64{},
+	}
+	for _, kv := range resp.Kvs {
+		k := string(kv.Key)
+		var err error
+		switch {
+		case k == KeySchema:
+			if v := string(kv.Value); v != SchemaVersion {
+				return nil, fmt.Errorf("etcd holds nsfleet key layout %q; this nsfleet reads %q", v, SchemaVersion)
+			}
+		case k == KeySpec:
+			s.Spec, s.SpecRev = &SpecDoc{}, kv.ModRevision
+			err = json.Unmarshal(kv.Value, s.Spec)
+		case k == KeyAssignGen:
+			s.AssignGenRev = kv.ModRevision
+		case strings.HasPrefix(k, NodesPrefix):
+			var v NodeInfo
+			err = json.Unmarshal(kv.Value, &v)
+			s.Nodes[NodeOf(k, NodesPrefix)] = v
+		case strings.HasPrefix(k, StatusPrefix):
+			var v NodeStatus
+			err = json.Unmarshal(kv.Value, &v)
+			s.Status[NodeOf(k, StatusPrefix)] = v
+		case strings.HasPrefix(k, CordonPrefix):
+			var v Cordon
+			err = json.Unmarshal(kv.Value, &v)
+			s.Cordons[NodeOf(k, CordonPrefix)] = v
+		case strings.HasPrefix(k, AssignPrefix):
+			var v Assignment
+			err = json.Unmarshal(kv.Value, &v)
+			s.Assign[NodeOf(k, AssignPrefix)] = v
+			s.AssignRev[NodeOf(k, AssignPrefix)] = kv.ModRevision
+		case strings.HasPrefix(k, FailoverPrefix):
+			var v Failover
+			err = json.Unmarshal(kv.Value, &v)
+			s.Failovers = append(s.Failovers, v)
+			rev, perr := strconv.ParseInt(NodeOf(k, FailoverPrefix), 10, 64)
+			if perr != nil {
+				err = perr
+			}
+			s.FailoverRevs = append(s.FailoverRevs, rev)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("etcd key %s: %w", k, err)
+		}
+	}
+	return s, nil
+}
+
+// ParseSpec expands the stored spec with the same code as `nsfleet up`.
+func (d *SpecDoc) ParseSpec() (*spec.Fleet, error) {
+	return spec.Parse(d.Source, []byte(d.YAML), spec.Options{})
+}
+
+// ApplyResult says what Apply did.
+type ApplyResult struct {
+	Changed bool
+	Rev     int64
+	Count   int
+}
+
+// Apply stores a spec after validating all of it (the caller passes the
+// file's bytes; f is its expansion). Storing is one put of one key, so two
+// applies at once leave one of the two specs whole, never a mix. Applying
+// the stored spec again changes nothing.
+func Apply(ctx context.Context, cli *clientv3.Client, source string, yaml []byte, f *spec.Fleet) (ApplyResult, error) {
+	doc := SpecDoc{Source: source, YAML: string(yaml), Count: len(f.Namespaces), Applied: time.Now().UTC()}
+	cur, err := cli.Get(ctx, KeySpec)
+	if err != nil {
+		return ApplyResult{}, err
+	}
+	var curRev int64
+	if len(cur.Kvs) == 1 {
+		var old SpecDoc
+		if json.Unmarshal(cur.Kvs[0].Value, &old) == nil && old.YAML == doc.YAML && old.Source == doc.Source {
+			return ApplyResult{Rev: cur.Kvs[0].ModRevision, Count: doc.Count}, nil
+		}
+		curRev = cur.Kvs[0].ModRevision
+	}
+	schema, err := cli.Get(ctx, KeySchema)
+	if err != nil {
+		return ApplyResult{}, err
+	}
+	if len(schema.Kvs) == 1 && string(schema.Kvs[0].Value) != SchemaVersion {
+		return ApplyResult{}, fmt.Errorf("etcd holds nsfleet key layout %q; this nsfleet writes %q", schema.Kvs[0].Value, SchemaVersion)
+	}
+	// The put is guarded by the revision read, so that a concurrent apply
+	// is reported instead of silently overwritten.
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(KeySpec), "=", curRev)).
+		Then(clientv3.OpPut(KeySpec, encode(doc)), clientv3.OpPut(KeySchema, SchemaVersion)).
+		Commit()
+	if err != nil {
+		return ApplyResult{}, err
+	}
+	if !resp.Succeeded {
+		return ApplyResult{}, errors.New("another apply or delete changed the spec at the same moment: nothing stored; run it again")
+	}
+	return ApplyResult{Changed: true, Rev: resp.Header.Revision, Count: doc.Count}, nil
+}
+
+// ErrOtherSpec is returned by Delete when the cluster serves another spec.
+var ErrOtherSpec = errors.New("the cluster serves a different spec")
+
+// Delete removes the stored spec if it is the one given (force: any);
+// every agent then tears down what it serves.
+func Delete(ctx context.Context, cli *clientv3.Client, source string, yaml []byte, force bool) (bool, error) {
+	cur, err := cli.Get(ctx, KeySpec)
+	if err != nil {
+		return false, err
+	}
+	if len(cur.Kvs) == 0 {
+		return false, nil
+	}
+	var old SpecDoc
+	if err := json.Unmarshal(cur.Kvs[0].Value, &old); err != nil {
+		return false, fmt.Errorf("etcd key %s: %w", KeySpec, err)
+	}
+	if !force && old.YAML != string(yaml) {
+		return false, fmt.Errorf("%w (%s, applied %s); give that spec, or --force", ErrOtherSpec, old.Source, old.Applied.Format(time.RFC3339))
+	}
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(KeySpec), "=", cur.Kvs[0].ModRevision)).
+		Then(clientv3.OpDelete(KeySpec)).Commit()
+	if err != nil {
+		return false, err
+	}
+	if !resp.Succeeded {
+		return false, errors.New("the spec changed while deleting: nothing deleted; run it again")
+	}
+	return true, nil
+}
+
+// Drain cordons a node: the scheduler moves its namespaces away (two-step)
+// and gives it none until Uncordon.
+func Drain(ctx context.Context, cli *clientv3.Client, node, reason string) error {
+	if err := ValidNodeName(node); err != nil {
+		return err
+	}
+	_, err := cli.Put(ctx, CordonKey(node), encode(Cordon{Since: time.Now().UTC(), Reason: reason}))
+	return err
+}
+
+// Uncordon lets a node take namespaces again.
+func Uncordon(ctx context.Context, cli *clientv3.Client, node string) (bool, error) {
+	if err := ValidNodeName(node); err != nil {
+		return false, err
+	}
+	resp, err := cli.Delete(ctx, CordonKey(node))
+	if err != nil {
+		return false, err
+	}
+	return resp.Deleted > 0, nil
+}
+
+// NodeReport is one node's line in Report.
+type NodeReport struct {
+	Name           string   `json:"name"`
+	Alive          bool     `json:"alive"`
+	LeaseTTL       int64    `json:"lease_ttl_left_seconds"` // -1: no lease
+	Capacity       int      `json:"capacity"`
+	AllowProcesses bool     `json:"allow_processes"`
+	Cordoned       bool     `json:"cordoned"`
+	Assigned       int      `json:"assigned"`
+	Releasing      int      `json:"releasing"`
+	Ready          int      `json:"ready"`
+	Failed         int      `json:"failed"`
+	Converged      bool     `json:"converged"`
+	Fenced         bool     `json:"fenced"`
+	Refused        string   `json:"refused,omitempty"`
+	Errors         []string `json:"errors,omitempty"`
+	Scheduler      bool     `json:"scheduler"`
+}
+
+// Report is `nsfleet cluster status`.
+type Report struct {
+	Revision   int64        `json:"revision"`
+	Spec       string       `json:"spec,omitempty"`
+	SpecCount  int          `json:"spec_namespaces"`
+	SpecRev    int64        `json:"spec_revision"`
+	Assigned   int          `json:"assigned"`
+	Unassigned int          `json:"unassigned"`
+	Ready      int          `json:"ready"`
+	Scheduler  string       `json:"scheduler,omitempty"`
+	Nodes      []NodeReport `json:"nodes"`
+	Failovers  []Failover   `json:"failovers"`
+}
+
+// Status reads the cluster into a Report.
+func Status(ctx context.Context, cli *clientv3.Client) (*Report, error) {
+	s, err := Read(ctx, cli)
+	if err != nil {
+		return nil, err
+	}
+	r := &Report{Revision: s.Rev, SpecRev: s.SpecRev, Nodes: []NodeReport{}, Failovers: s.Failovers}
+	if r.Failovers == nil {
+		r.Failovers = []Failover{}
+	}
+	if s.Spec != nil {
+		r.Spec, r.SpecCount = s.Spec.Source, s.Spec.Count
+	}
+	if leader, err := schedulerName(ctx, cli); err == nil {
+		r.Scheduler = leader
+	}
+	names := map[string]bool{}
+	for n := range s.Nodes {
+		names[n] = true
+	}
+	for n := range s.Assign {
+		names[n] = true
+	}
+	for n := range s.Cordons {
+		names[n] = true
+	}
+	for _, n := range sortedKeys(names) {
+		info, alive := s.Nodes[n]
+		st := s.Status[n]
+		a := s.Assign[n]
+		_, cord := s.Cordons[n]
+		nr := NodeReport{
+			Name: n, Alive: alive, LeaseTTL: -1, Capacity: info.Capacity, AllowProcesses: info.AllowProcesses,
+			Cordoned: cord, Assigned: len(a.Names), Releasing: len(a.Releasing), Ready: st.Ready, Failed: st.Failed,
+			Converged: alive && st.Converged(s.AssignRev[n]), Fenced: st.Fenced, Refused: st.Refused, Errors: st.Errors,
+			Scheduler: r.Scheduler == n,
+		}
+		if alive && info.LeaseID != 0 {
+			if ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(info.LeaseID)); err == nil {
+				nr.LeaseTTL = ttl.TTL
+			}
+		}
+		r.Assigned += nr.Assigned
+		r.Ready += nr.Ready
+		r.Nodes = append(r.Nodes, nr)
+	}
+	if r.Unassigned = r.SpecCount - r.Assigned; r.Unassigned < 0 {
+		r.Unassigned = 0
+	}
+	sort.Slice(r.Failovers, func(i, j int) bool { return r.Failovers[i].Detected.After(r.Failovers[j].Detected) })
+	return r, nil
+}
+
+// schedulerName returns the node that leads the scheduler election.
+func schedulerName(ctx context.Context, cli *clientv3.Client) (string, error) {
+	resp, err := cli.Get(ctx, ElectionPrefix+"/", clientv3.WithFirstCreate()...)
+	if err != nil || len(resp.Kvs) == 0 {
+		return "", errors.Join(err, concurrency.ErrElectionNoLeader)
+	}
+	return string(resp.Kvs[0].Value), nil
+}

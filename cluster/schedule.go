@@ -1,0 +1,213 @@
+package cluster
+
+import (
+	"sort"
+)
+
+// NodeView is what the scheduler knows of one node.
+type NodeView struct {
+	Alive    bool // its lease is held (nodes/NODE exists)
+	Cordoned bool
+	Capacity int // 0: no limit
+	// Converged: the node has done what its current assignment asks, so
+	// the names it was releasing are gone from it.
+	Converged bool
+}
+
+// State is one consistent read of the cluster.
+type State struct {
+	Names  []string // the spec's namespaces, in declaration order
+	Nodes  map[string]NodeView
+	Assign map[string]Assignment // by node; nodes without a key have none
+}
+
+// Plan is the scheduler's decision: the assignments to write (only the
+// nodes whose assignment changes; a nil Names and Releasing deletes the
+// key) and what it did, for the record.
+type Plan struct {
+	Assign map[string]*Assignment
+	// Orphaned maps each dead node to how many of its namespaces were
+	// placed elsewhere (or left unplaced for want of capacity).
+	Orphaned   map[string]int
+	Placed     map[string]int // new namespaces by node (orphans included)
+	Released   int            // put in Releasing (drain, balance)
+	Unassigned int            // namespaces no node had room for
+}
+
+// Changed reports whether the plan writes anything.
+func (p *Plan) Changed() bool { return len(p.Assign) > 0 }
+
+// Schedule decides where every namespace of the spec goes. It is pure: the
+// same state gives the same plan. Rules, in order:
+//
+//   - names no longer in the spec are dropped (their node tears them down);
+//   - a dead node's names are placed on the live nodes at once;
+//   - a cordoned node releases all its names; names released by a node are
+//     placed only once that node has converged (two-step move);
+//   - unplaced names go to the least-loaded eligible node with room
+//     (eligible: alive, not cordoned), ties by name;
+//   - when nothing is in flight, a node above the balanced share releases
+//     only its excess, and only while another node has room below it, so
+//     adding a node moves what balance needs and no more.
+func Schedule(s State) Plan {
+	p := Plan{Assign: map[string]*Assignment{}, Orphaned: map[string]int{}, Placed: map[string]int{}}
+	order := make(map[string]int, len(s.Names))
+	for i, n := range s.Names {
+		order[n] = i
+	}
+	next := map[string]*Assignment{}
+	held := map[string]bool{}   // released by a node that has not converged yet
+	placed := map[string]bool{} // assigned to a live node
+	var pool []string
+	nodes := sortedKeys(s.Assign)
+	for _, node := range nodes {
+		a := s.Assign[node]
+		v := s.Nodes[node]
+		if !v.Alive {
+			n := 0
+			for _, name := range append(append([]string(nil), a.Names...), a.Releasing...) {
+				if _, ok := order[name]; ok && !placed[name] {
+					pool = append(pool, name)
+					placed[name] = true // queued once, even if listed twice
+					n++
+				}
+			}
+			if n > 0 {
+				p.Orphaned[node] = n
+			}
+			next[node] = nil
+			continue
+		}
+		na := &Assignment{}
+		for _, name := range a.Releasing {
+			if _, ok := order[name]; !ok || placed[name] {
+				continue
+			}
+			if v.Converged {
+				pool = append(pool, name)
+				placed[name] = true
+			} else {
+				na.Releasing = append(na.Releasing, name)
+				held[name] = true
+				placed[name] = true
+			}
+		}
+		for _, name := range a.Names {
+			if _, ok := order[name]; !ok || placed[name] {
+				continue // gone from the spec, or already someone else's
+			}
+			placed[name] = true
+			if v.Cordoned {
+				na.Releasing = append(na.Releasing, name)
+				p.Released++
+			} else {
+				na.Names = append(na.Names, name)
+			}
+		}
+		next[node] = na
+	}
+	for _, name := range s.Names {
+		if !placed[name] {
+			pool = append(pool, name)
+		}
+	}
+	sort.SliceStable(pool, func(i, j int) bool { return order[pool[i]] < order[pool[j]] })
+
+	// Eligible nodes, least loaded first.
+	var elig []string
+	for _, node := range sortedKeys(s.Nodes) {
+		v := s.Nodes[node]
+		if v.Alive && !v.Cordoned {
+			elig = append(elig, node)
+			if next[node] == nil {
+				next[node] = &Assignment{}
+			}
+		}
+	}
+	load := func(node string) int { return len(next[node].Names) + len(next[node].Releasing) }
+	room := func(node string) bool {
+		c := s.Nodes[node].Capacity
+		return c <= 0 || load(node) < c
+	}
+	for _, name := range pool {
+		best := ""
+		for _, node := range elig {
+			if room(node) && (best == "" || load(node) < load(best)) {
+				best = node
+			}
+		}
+		if best == "" {
+			p.Unassigned++
+			continue
+		}
+		next[best].Names = append(next[best].Names, name)
+		p.Placed[best]++
+	}
+
+	// Balance, only when nothing is in flight: move one name at a time
+	// from the fullest node to the emptiest with room, while they differ
+	// by more than one. Each move narrows the gap, so the moves are few.
+	if len(held) == 0 && len(pool) == 0 && len(elig) > 1 {
+		count := map[string]int{}
+		for _, node := range elig {
+			count[node] = len(next[node].Names)
+		}
+		for {
+			hi, lo := "", ""
+			for _, node := range elig {
+				if hi == "" || count[node] > count[hi] {
+					hi = node
+				}
+				c := s.Nodes[node].Capacity
+				if (c <= 0 || count[node] < c) && (lo == "" || count[node] < count[lo]) {
+					lo = node
+				}
+			}
+			if lo == "" || count[hi]-count[lo] <= 1 {
+				break
+			}
+			count[hi]--
+			count[lo]++
+			a := next[hi]
+			last := a.Names[len(a.Names)-1]
+			a.Names = a.Names[:len(a.Names)-1]
+			a.Releasing = append(a.Releasing, last)
+			p.Released++
+		}
+	}
+
+	for node, na := range next {
+		old, had := s.Assign[node]
+		if na == nil || (len(na.Names) == 0 && len(na.Releasing) == 0) {
+			if had {
+				p.Assign[node] = &Assignment{}
+			}
+			continue
+		}
+		if !had || !equal(old.Names, na.Names) || !equal(old.Releasing, na.Releasing) {
+			p.Assign[node] = na
+		}
+	}
+	return p
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,200 @@
+package cluster
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+func names(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("r-%d", i)
+	}
+	return out
+}
+
+// applyPlan returns the assignments after p is written.
+func applyPlan(s State, p Plan) map[string]Assignment {
+	out := map[string]Assignment{}
+	for n, a := range s.Assign {
+		out[n] = a
+	}
+	for n, a := range p.Assign {
+		if len(a.Names) == 0 && len(a.Releasing) == 0 {
+			delete(out, n)
+		} else {
+			out[n] = *a
+		}
+	}
+	return out
+}
+
+// checkOnce fails if a name is held by two nodes or a spec name is lost.
+func checkOnce(t *testing.T, s State, as map[string]Assignment, unassigned int) {
+	t.Helper()
+	seen := map[string]string{}
+	for node, a := range as {
+		for _, n := range append(append([]string(nil), a.Names...), a.Releasing...) {
+			if other, ok := seen[n]; ok {
+				t.Fatalf("%s held by %s and %s", n, other, node)
+			}
+			seen[n] = node
+		}
+	}
+	missing := 0
+	for _, n := range s.Names {
+		if _, ok := seen[n]; !ok {
+			missing++
+		}
+	}
+	if missing != unassigned {
+		t.Fatalf("%d names held by no node, plan says %d unassigned", missing, unassigned)
+	}
+}
+
+func counts(as map[string]Assignment) map[string]int {
+	out := map[string]int{}
+	for n, a := range as {
+		out[n] = len(a.Names)
+	}
+	return out
+}
+
+func alive(ns ...string) map[string]NodeView {
+	m := map[string]NodeView{}
+	for _, n := range ns {
+		m[n] = NodeView{Alive: true, Converged: true}
+	}
+	return m
+}
+
+func TestScheduleFresh(t *testing.T) {
+	s := State{Names: names(10), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	p := Schedule(s)
+	as := applyPlan(s, p)
+	checkOnce(t, s, as, 0)
+	c := counts(as)
+	if c["a"] != 4 || c["b"] != 3 || c["c"] != 3 {
+		t.Fatalf("counts %v, want 4/3/3", c)
+	}
+	// Stable: scheduling again changes nothing.
+	s.Assign = as
+	if p2 := Schedule(s); p2.Changed() {
+		t.Fatalf("second plan changes %v", p2.Assign)
+	}
+}
+
+func TestScheduleDeadNodeMovesAtOnce(t *testing.T) {
+	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s.Assign = applyPlan(s, Schedule(s))
+	s.Nodes["b"] = NodeView{} // lease expired
+	p := Schedule(s)
+	if p.Orphaned["b"] != 3 {
+		t.Fatalf("orphaned %v, want b:3", p.Orphaned)
+	}
+	as := applyPlan(s, p)
+	checkOnce(t, s, as, 0)
+	if _, ok := as["b"]; ok {
+		t.Fatal("dead node keeps an assignment")
+	}
+	c := counts(as)
+	if c["a"]+c["c"] != 9 || c["a"] < 4 || c["c"] < 4 {
+		t.Fatalf("counts %v", c)
+	}
+	// Survivors kept what they had: only b's three moved.
+	if p.Placed["a"]+p.Placed["c"] != 3 {
+		t.Fatalf("placed %v, want 3 in all", p.Placed)
+	}
+}
+
+func TestScheduleDrainIsTwoStep(t *testing.T) {
+	s := State{Names: names(6), Nodes: alive("a", "b"), Assign: map[string]Assignment{}}
+	s.Assign = applyPlan(s, Schedule(s))
+	s.Nodes["a"] = NodeView{Alive: true, Cordoned: true, Converged: true}
+	p := Schedule(s)
+	s.Assign = applyPlan(s, p)
+	checkOnce(t, s, s.Assign, 0)
+	if len(s.Assign["a"].Releasing) != 3 || len(s.Assign["a"].Names) != 0 || len(s.Assign["b"].Names) != 3 {
+		t.Fatalf("after cordon %v", s.Assign)
+	}
+	// a has not torn them down yet: nothing placed.
+	s.Nodes["a"] = NodeView{Alive: true, Cordoned: true, Converged: false}
+	if p := Schedule(s); p.Changed() {
+		t.Fatalf("placed before the old node converged: %v", p.Assign)
+	}
+	s.Nodes["a"] = NodeView{Alive: true, Cordoned: true, Converged: true}
+	s.Assign = applyPlan(s, Schedule(s))
+	checkOnce(t, s, s.Assign, 0)
+	if _, ok := s.Assign["a"]; ok || len(s.Assign["b"].Names) != 6 {
+		t.Fatalf("after drain %v", s.Assign)
+	}
+}
+
+func TestScheduleAddNodeMovesOnlyWhatBalanceNeeds(t *testing.T) {
+	s := State{Names: names(12), Nodes: alive("a", "b"), Assign: map[string]Assignment{}}
+	s.Assign = applyPlan(s, Schedule(s))
+	s.Nodes["c"] = NodeView{Alive: true, Converged: true}
+	p := Schedule(s)
+	if p.Released != 4 {
+		t.Fatalf("released %d, want 4 (6+6 -> 4+4+4)", p.Released)
+	}
+	s.Assign = applyPlan(s, p)
+	s.Assign = applyPlan(s, Schedule(s)) // a and b converged: place
+	checkOnce(t, s, s.Assign, 0)
+	c := counts(s.Assign)
+	if c["a"] != 4 || c["b"] != 4 || c["c"] != 4 {
+		t.Fatalf("counts %v", c)
+	}
+}
+
+func TestScheduleCapacityAndSpecChanges(t *testing.T) {
+	s := State{Names: names(10), Nodes: alive("a", "b"), Assign: map[string]Assignment{}}
+	s.Nodes["a"] = NodeView{Alive: true, Converged: true, Capacity: 2}
+	s.Nodes["b"] = NodeView{Alive: true, Converged: true, Capacity: 3}
+	p := Schedule(s)
+	if p.Unassigned != 5 {
+		t.Fatalf("unassigned %d, want 5", p.Unassigned)
+	}
+	s.Assign = applyPlan(s, p)
+	checkOnce(t, s, s.Assign, 5)
+	s.Names = names(3) // the spec shrinks
+	s.Assign = applyPlan(s, Schedule(s))
+	checkOnce(t, s, s.Assign, 0)
+	for _, a := range s.Assign {
+		for _, n := range a.Names {
+			if n != "r-0" && n != "r-1" && n != "r-2" {
+				t.Fatalf("%s kept after it left the spec", n)
+			}
+		}
+	}
+}
+
+// TestScheduleRandom drives random node deaths, joins, cordons and
+// convergence and checks that no name is ever held twice.
+func TestScheduleRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := 0; trial < 200; trial++ {
+		s := State{Names: names(rng.IntN(50)), Nodes: map[string]NodeView{}, Assign: map[string]Assignment{}}
+		for step := 0; step < 30; step++ {
+			node := fmt.Sprintf("n%d", rng.IntN(5))
+			v := s.Nodes[node]
+			switch rng.IntN(5) {
+			case 0:
+				v.Alive = !v.Alive
+			case 1:
+				v.Cordoned = !v.Cordoned
+			case 2:
+				v.Converged = !v.Converged
+			case 3:
+				v.Capacity = rng.IntN(20)
+			case 4:
+				s.Names = names(rng.IntN(50))
+			}
+			s.Nodes[node] = v
+			p := Schedule(s)
+			s.Assign = applyPlan(s, p)
+			checkOnce(t, s, s.Assign, p.Unassigned)
+		}
+	}
+}

@@ -1,0 +1,15 @@
+// Command nsfleet-cluster is nsfleet's cluster binary: `nsfleet agent`,
+// `nsfleet cluster` and `nsfleet sim` run it. It is separate so that etcd
+// stays out of every other command's start-up.
+package main
+
+import (
+	"context"
+	"os"
+
+	"github.com/nsfleet/nsfleet/internal/clustercli"
+)
+
+func main() {
+	os.Exit(clustercli.Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}

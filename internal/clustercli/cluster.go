@@ -1,0 +1,321 @@
+package clustercli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nsfleet/nsfleet/cluster"
+	"github.com/nsfleet/nsfleet/spec"
+	"github.com/spf13/cobra"
+)
+
+func newCluster(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "Apply a spec to the cluster, show it, drain and uncordon nodes",
+		Long: `cluster talks to the cluster's etcd (--etcd, NSFLEET_ETCD, or the agent's
+embedded default on this machine). The cluster serves one spec: 'apply'
+stores it (after checking all of it, as 'nsfleet up' does), the elected
+scheduler spreads its namespaces over the live nodes, and every agent makes
+its node match.`,
+	}
+	cmd.AddCommand(newApply(g), newDelete(g), newStatus(g), newDrain(g), newUncordon(g))
+	return cmd
+}
+
+func readSpec(file string) ([]byte, *spec.Fleet, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := spec.Parse(file, data, spec.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	return data, f, nil
+}
+
+func newApply(g *globals) *cobra.Command {
+	var file string
+	cmd := &cobra.Command{
+		Use:   "apply -f SPEC",
+		Short: "Store a spec as the cluster's fleet (idempotent)",
+		Long: `apply checks the whole spec, then stores it in one write: agents see either
+the old spec or the new one, never a mix. Applying the same spec again
+changes nothing. Namespaces that leave the spec are torn down by the nodes
+that serve them.`,
+		Example: `  nsfleet cluster apply -f examples/fake-routers.yaml`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if file == "" {
+				return usageError{fmt.Errorf("cluster apply: -f SPEC is required")}
+			}
+			data, f, err := readSpec(file)
+			if err != nil {
+				return err // file:line: what is wrong; nothing stored
+			}
+			cli, err := g.connect(cmd.Context(), "cluster apply")
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			ctx, cancel := g.rpc(cmd.Context())
+			defer cancel()
+			res, err := cluster.Apply(ctx, cli, file, data, f)
+			if err != nil {
+				return fmt.Errorf("cluster apply: %w", err)
+			}
+			if !res.Changed {
+				fmt.Fprintf(g.stdout, "cluster apply: %s (%d namespaces) is already the cluster's spec; nothing to do\n", file, res.Count)
+				return nil
+			}
+			fmt.Fprintf(g.stdout, "cluster apply: %s stored (%d namespaces, revision %d)\n", file, res.Count, res.Rev)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "spec file (YAML)")
+	return cmd
+}
+
+func newDelete(g *globals) *cobra.Command {
+	var file string
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "delete -f SPEC",
+		Short: "Remove the cluster's spec: every node tears down what it serves",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if file == "" && !force {
+				return usageError{fmt.Errorf("cluster delete: -f SPEC (the spec the cluster serves) or --force is required")}
+			}
+			var data []byte
+			if file != "" {
+				var err error
+				if data, _, err = readSpec(file); err != nil {
+					return err
+				}
+			}
+			cli, err := g.connect(cmd.Context(), "cluster delete")
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			ctx, cancel := g.rpc(cmd.Context())
+			defer cancel()
+			deleted, err := cluster.Delete(ctx, cli, file, data, force)
+			if err != nil {
+				return fmt.Errorf("cluster delete: %w", err)
+			}
+			if !deleted {
+				fmt.Fprintln(g.stdout, "cluster delete: the cluster serves no spec; nothing to do")
+				return nil
+			}
+			fmt.Fprintln(g.stdout, "cluster delete: spec removed; nodes are tearing down their namespaces (see nsfleet cluster status)")
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "the spec the cluster serves")
+	cmd.Flags().BoolVar(&force, "force", false, "remove whatever spec the cluster serves")
+	return cmd
+}
+
+func newStatus(g *globals) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Nodes, leases, assigned vs ready, and the last failovers",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output != "text" && output != "json" {
+				return usageError{fmt.Errorf("cluster status: -o %q: want text or json", output)}
+			}
+			cli, err := g.connect(cmd.Context(), "cluster status")
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			ctx, cancel := g.rpc(cmd.Context())
+			defer cancel()
+			r, err := cluster.Status(ctx, cli)
+			if err != nil {
+				return fmt.Errorf("cluster status: %w", err)
+			}
+			if output == "json" {
+				enc := json.NewEncoder(g.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(r)
+			}
+			printStatus(g.stdout, r)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
+}
+
+func printStatus(w io.Writer, r *cluster.Report) {
+	if r.Spec == "" {
+		fmt.Fprintln(w, "spec: none applied")
+	} else {
+		fmt.Fprintf(w, "spec: %s, %d namespaces (revision %d): %d assigned, %d ready, %d unassigned\n",
+			r.Spec, r.SpecCount, r.SpecRev, r.Assigned, r.Ready, r.Unassigned)
+	}
+	if r.Scheduler != "" {
+		fmt.Fprintf(w, "scheduler: %s\n", r.Scheduler)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tLEASE\tCAPACITY\tASSIGNED\tREADY\tSTATE\tPROCESSES")
+	for _, n := range r.Nodes {
+		lease := "expired"
+		if n.Alive {
+			lease = "alive"
+			if n.LeaseTTL >= 0 {
+				lease += " (" + strconv.FormatInt(n.LeaseTTL, 10) + "s)"
+			}
+		}
+		capacity := "-"
+		if n.Capacity > 0 {
+			capacity = strconv.Itoa(n.Capacity)
+		}
+		var state []string
+		switch {
+		case !n.Alive:
+			state = append(state, "lost")
+		case n.Fenced:
+			state = append(state, "fenced")
+		case n.Converged:
+			state = append(state, "ready")
+		default:
+			state = append(state, "converging")
+		}
+		if n.Cordoned {
+			state = append(state, "cordoned")
+		}
+		if n.Releasing > 0 {
+			state = append(state, fmt.Sprintf("releasing %d", n.Releasing))
+		}
+		if n.Failed > 0 {
+			state = append(state, fmt.Sprintf("%d failed", n.Failed))
+		}
+		if n.Refused != "" {
+			state = append(state, "refuses spec: "+n.Refused)
+		}
+		procs := "refused"
+		if n.AllowProcesses {
+			procs = "allowed"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", n.Name, lease, capacity, n.Assigned, n.Ready, strings.Join(state, ", "), procs)
+	}
+	tw.Flush()
+	for _, n := range r.Nodes {
+		for _, e := range n.Errors {
+			fmt.Fprintf(w, "  %s: %s\n", n.Name, e)
+		}
+	}
+	if len(r.Failovers) > 0 {
+		fmt.Fprintln(w, "failovers (newest first):")
+		for _, f := range r.Failovers {
+			took := "in progress"
+			if !f.Ready.IsZero() {
+				took = fmt.Sprintf("all ready after %.2fs", f.Seconds)
+			}
+			extra := ""
+			if f.Unassigned > 0 {
+				extra = fmt.Sprintf(", %d without room", f.Unassigned)
+			}
+			fmt.Fprintf(w, "  %s  %s lost: %d namespaces moved%s, %s\n", f.Detected.Local().Format(time.DateTime), f.Node, f.Moved, extra, took)
+		}
+	}
+}
+
+func newDrain(g *globals) *cobra.Command {
+	var reason string
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "drain NODE",
+		Short: "Move a node's namespaces away before maintenance; it takes none until uncordon",
+		Long: `drain cordons NODE: the scheduler moves its namespaces to other nodes, each
+one torn down on NODE before it is created elsewhere, and gives NODE no new
+ones until 'nsfleet cluster uncordon NODE'. With --wait, drain returns when
+NODE serves nothing (or the wait ends, exit 1).`,
+		Example: `  nsfleet cluster drain gw-2 --wait 5m && systemctl reboot`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			node := args[0]
+			cli, err := g.connect(cmd.Context(), "cluster drain")
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			ctx, cancel := g.rpc(cmd.Context())
+			err = cluster.Drain(ctx, cli, node, reason)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("cluster drain: %w", err)
+			}
+			fmt.Fprintf(g.stdout, "cluster drain: %s cordoned; its namespaces are moving\n", node)
+			if wait <= 0 {
+				return nil
+			}
+			wctx, wcancel := context.WithTimeout(cmd.Context(), wait)
+			defer wcancel()
+			for {
+				r, err := cluster.Status(wctx, cli)
+				if err == nil {
+					left := 0
+					for _, n := range r.Nodes {
+						if n.Name == node {
+							left = n.Assigned + n.Releasing
+						}
+					}
+					if left == 0 {
+						fmt.Fprintf(g.stdout, "cluster drain: %s serves nothing\n", node)
+						return nil
+					}
+				}
+				select {
+				case <-wctx.Done():
+					return fmt.Errorf("cluster drain: %s still serves namespaces after %s", node, wait)
+				case <-time.After(250 * time.Millisecond):
+				}
+			}
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why, shown in status")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long until the node serves nothing")
+	return cmd
+}
+
+func newUncordon(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "uncordon NODE",
+		Short: "Let a drained node take namespaces again",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cli, err := g.connect(cmd.Context(), "cluster uncordon")
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			ctx, cancel := g.rpc(cmd.Context())
+			defer cancel()
+			was, err := cluster.Uncordon(ctx, cli, args[0])
+			if err != nil {
+				return fmt.Errorf("cluster uncordon: %w", err)
+			}
+			if !was {
+				fmt.Fprintf(g.stdout, "cluster uncordon: %s was not cordoned\n", args[0])
+				return nil
+			}
+			fmt.Fprintf(g.stdout, "cluster uncordon: %s takes namespaces again\n", args[0])
+			return nil
+		},
+	}
+}
