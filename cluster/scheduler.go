@@ -160,7 +160,7 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 		var lost []string
 		for node, n := range p.Orphaned {
 			lost = append(lost, node)
-			sc.log.Info("node lost: moving its namespaces", "node", node, "namespaces", n, "placed", p.Placed, "unassigned", p.Unassigned)
+			sc.log.Info("node lost: moving its namespaces", "lost", node, "namespaces", n, "placed", p.Placed, "unassigned", p.Unassigned)
 		}
 		resp, err := sc.cli.Txn(ctx).If(guard...).Then(ops...).Commit()
 		if err != nil {
@@ -207,7 +207,7 @@ func (sc *scheduler) closeFailovers(ctx context.Context, snap *Snapshot) error {
 			return err
 		}
 		sc.metrics.failoverDone(fo.Seconds)
-		sc.log.Info("failover done", "node", fo.Node, "moved", fo.Moved, "seconds", fo.Seconds)
+		sc.log.Info("failover done", "lost", fo.Node, "moved", fo.Moved, "seconds", fo.Seconds)
 	}
 	if extra := len(snap.Failovers) - MaxFailovers; extra > 0 {
 		// Records are keyed by revision, so the first are the oldest.

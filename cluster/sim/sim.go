@@ -1,0 +1,163 @@
+// Package sim makes a whole nsfleet cluster on one machine, like kind does
+// for Kubernetes: a three-member etcd cluster and N nodes, each node its
+// own network namespace and mount namespace (so its run dir, its pins and
+// its host-side veth names are its own, as on a real machine), each with
+// a real agent process running inside it.
+//
+// Network: a hub namespace holds the etcd members (198.18.0.1-3 on its
+// lo); node k reaches it over a veth, node side 198.19.k.2/24 and hub side
+// 198.19.k.1/24 (the hub end is called n-k). Partitioning a node sets its
+// hub end down; healing sets it up. From where sim runs, etcd is reached
+// through a small proxy on 127.0.0.1 (written to DIR/etcd.env), so that no
+// address is added to the host's own namespace.
+//
+// Everything sim makes is under DIR and in namespaces it made; it ends only
+// processes it started, by PID checked against their start time.
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// State is DIR/sim.json: what sim made, to find and remove it again.
+type State struct {
+	Dir       string     `json:"dir"`
+	Binary    string     `json:"binary"` // the nsfleet-cluster that runs the daemons
+	MadeDir   bool       `json:"made_dir"`
+	LeaseTTL  string     `json:"lease_ttl"`
+	Capacity  int        `json:"capacity"`
+	Procs     bool       `json:"allow_processes"`
+	HubPin    string     `json:"hub_pin"`
+	Members   []Daemon   `json:"etcd_members"`
+	Proxy     Daemon     `json:"proxy"`
+	ProxyAddr string     `json:"proxy_addr"`
+	Nodes     []NodeInfo `json:"nodes"`
+}
+
+// Daemon is a process sim started.
+type Daemon struct {
+	Name  string `json:"name"`
+	PID   int    `json:"pid"`
+	Start uint64 `json:"start"` // start time in clock ticks since boot (/proc/PID/stat)
+	Log   string `json:"log"`
+}
+
+// NodeInfo is one simulated node.
+type NodeInfo struct {
+	Name   string `json:"name"`
+	Index  int    `json:"index"`
+	NetPin string `json:"net_pin"`
+	MntPin string `json:"mnt_pin"`
+	RunDir string `json:"run_dir"`
+	Agent  Daemon `json:"agent"`
+	Killed bool   `json:"killed,omitempty"`
+}
+
+// MemberAddr is the hub address of etcd member k (1..3).
+func MemberAddr(k int) string { return fmt.Sprintf("198.18.0.%d", k) }
+
+// Endpoints are the etcd client URLs as the nodes reach them.
+func Endpoints() []string {
+	var out []string
+	for k := 1; k <= 3; k++ {
+		out = append(out, "http://"+MemberAddr(k)+":2379")
+	}
+	return out
+}
+
+func statePath(dir string) string { return filepath.Join(dir, "sim.json") }
+
+// Load reads DIR/sim.json.
+func Load(dir string) (*State, error) {
+	b, err := os.ReadFile(statePath(dir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no sim in %s (nsfleet sim up --dir %s makes one)", dir, dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", statePath(dir), err)
+	}
+	return &s, nil
+}
+
+func (s *State) save() error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := statePath(s.Dir) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, statePath(s.Dir))
+}
+
+// Node returns the node called name.
+func (s *State) Node(name string) (*NodeInfo, error) {
+	for i := range s.Nodes {
+		if s.Nodes[i].Name == name {
+			return &s.Nodes[i], nil
+		}
+	}
+	var names []string
+	for _, n := range s.Nodes {
+		names = append(names, n.Name)
+	}
+	return nil, fmt.Errorf("no node %q in this sim (it has %s)", name, strings.Join(names, ", "))
+}
+
+// procStart reads a process's start time, to tell it from a later process
+// that got the same PID.
+func procStart(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("bad /proc stat")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return 0, errors.New("bad /proc stat")
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return 0, os.ErrProcessDone
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// alive reports whether d is still the process sim started.
+func (d Daemon) alive() bool {
+	if d.PID <= 0 {
+		return false
+	}
+	st, err := procStart(d.PID)
+	return err == nil && st == d.Start
+}
+
+// kill sends sig to d if it is still the process sim started, and waits up
+// to wait for it to go.
+func (d Daemon) kill(sig os.Signal, wait time.Duration) {
+	if !d.alive() {
+		return
+	}
+	if p, err := os.FindProcess(d.PID); err == nil {
+		p.Signal(sig)
+	}
+	deadline := time.Now().Add(wait)
+	for d.alive() && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
