@@ -1,0 +1,323 @@
+package clustercli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nsfleet/nsfleet/cluster"
+	"github.com/nsfleet/nsfleet/cluster/sim"
+	"github.com/nsfleet/nsfleet/internal/nstest"
+	"github.com/nsfleet/nsfleet/netns"
+	"golang.org/x/sys/unix"
+)
+
+// The sim's daemons run this test binary: with this variable set it is
+// the cluster binary.
+const mainEnv = "NSFLEET_CLUSTER_TEST_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(mainEnv) == "1" {
+		os.Exit(Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Setenv(mainEnv, "1")
+	nstest.Main(m)
+}
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := Run(context.Background(), args, &out, &errb)
+	if code != 0 {
+		return out.String(), fmt.Errorf("nsfleet %s: exit %d: %s", strings.Join(args, " "), code, errb.String())
+	}
+	return out.String(), nil
+}
+
+func must(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := run(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// where returns, for each router, the nodes that hold it (from the
+// nodes' mount tables).
+func where(t *testing.T, dir string) map[string][]string {
+	t.Helper()
+	m, err := sim.Ls(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for node, names := range m {
+		for _, n := range names {
+			out[n] = append(out[n], node)
+		}
+	}
+	return out
+}
+
+// exactlyOnce says what is wrong with the placement, or "".
+func exactlyOnce(w map[string][]string, names []string, not string) string {
+	var bad []string
+	for _, n := range names {
+		switch nodes := w[n]; {
+		case len(nodes) == 0:
+			bad = append(bad, n+" on no node")
+		case len(nodes) > 1:
+			bad = append(bad, n+" on "+strings.Join(nodes, "+"))
+		case nodes[0] == not:
+			bad = append(bad, n+" still on "+not)
+		}
+	}
+	if len(bad) > 3 {
+		bad = append(bad[:3], fmt.Sprintf("and %d more", len(bad)-3))
+	}
+	return strings.Join(bad, "; ")
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	last := ""
+	for time.Since(start) < timeout {
+		if last = cond(); last == "" {
+			return time.Since(start)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s: %s", what, timeout, last)
+	return 0
+}
+
+func status(t *testing.T) *cluster.Report {
+	t.Helper()
+	var r cluster.Report
+	if err := json.Unmarshal([]byte(must(t, "cluster", "status", "-o", "json")), &r); err != nil {
+		t.Fatal(err)
+	}
+	return &r
+}
+
+// pinInodes returns the namespace inode of each pin on a node.
+func pinInodes(t *testing.T, st *sim.State, node string) map[string]uint64 {
+	t.Helper()
+	n, err := st.Node(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	err = netns.InMountNS(n.MntPin, func() error {
+		ents, err := os.ReadDir(n.RunDir)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			var s unix.Stat_t
+			if unix.Stat(filepath.Join(n.RunDir, e.Name()), &s) == nil {
+				out[e.Name()] = s.Ino
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestSim runs one sim through the life of a gateway fleet: apply, agent
+// restart, drain, uncordon, partition and heal, node loss, bad input.
+func TestSim(t *testing.T) {
+	nstest.RequireRoot(t)
+	dir := filepath.Join(t.TempDir(), "sim")
+	ttl := 2 * time.Second
+	must(t, "sim", "up", "--nodes", "3", "--dir", dir, "--lease-ttl", ttl.String())
+	t.Cleanup(func() {
+		if _, err := run(t, "sim", "down", "--dir", dir); err != nil {
+			t.Error(err)
+		}
+	})
+	st, err := sim.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NSFLEET_ETCD", "http://"+st.ProxyAddr)
+
+	prefix := nstest.Prefix(t)
+	const count = 90
+	specFile := filepath.Join(t.TempDir(), "routers.yaml")
+	if err := os.WriteFile(specFile, []byte(nstest.FakeRouters(prefix, count)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i := 1; i <= count; i++ {
+		names = append(names, fmt.Sprintf("%sbar-%d", prefix, i))
+	}
+	once := func(not string) func() string {
+		return func() string { return exactlyOnce(where(t, dir), names, not) }
+	}
+
+	t.Run("apply", func(t *testing.T) {
+		must(t, "cluster", "apply", "-f", specFile)
+		if out := must(t, "cluster", "apply", "-f", specFile); !strings.Contains(out, "nothing to do") {
+			t.Errorf("second apply: %q", out)
+		}
+		waitFor(t, "every router on exactly one node", 30*time.Second, once(""))
+		for node, names := range func() map[string][]string { m, _ := sim.Ls(dir); return m }() {
+			if len(names) != count/3 {
+				t.Errorf("%s holds %d, want %d (balanced)", node, len(names), count/3)
+			}
+		}
+		waitFor(t, "status all ready", 10*time.Second, func() string {
+			r := status(t)
+			if r.Ready != count || r.Unassigned != 0 {
+				return fmt.Sprintf("%d ready, %d unassigned", r.Ready, r.Unassigned)
+			}
+			return ""
+		})
+	})
+
+	t.Run("restart adopts", func(t *testing.T) {
+		before := pinInodes(t, st, "node-3")
+		must(t, "sim", "restart", "node-3", "--dir", dir)
+		time.Sleep(ttl) // longer than the restart: a failover would show
+		waitFor(t, "status all ready", 10*time.Second, func() string {
+			if r := status(t); r.Ready != count {
+				return fmt.Sprintf("%d ready", r.Ready)
+			}
+			return ""
+		})
+		after := pinInodes(t, st, "node-3")
+		if len(after) != len(before) || len(before) == 0 {
+			t.Fatalf("node-3 had %d pins, has %d", len(before), len(after))
+		}
+		for n, ino := range before {
+			if after[n] != ino {
+				t.Errorf("%s re-created by the restarted agent", n)
+			}
+		}
+		if r := status(t); len(r.Failovers) != 0 {
+			t.Errorf("restart caused a failover: %+v", r.Failovers)
+		}
+	})
+
+	t.Run("drain and uncordon", func(t *testing.T) {
+		must(t, "cluster", "drain", "node-1", "--wait", "30s")
+		waitFor(t, "node-1 empty, the rest once", 10*time.Second, once("node-1"))
+		must(t, "cluster", "uncordon", "node-1")
+		waitFor(t, "node-1 takes its share again", 30*time.Second, func() string {
+			if bad := once("")(); bad != "" {
+				return bad
+			}
+			m, _ := sim.Ls(dir)
+			if len(m["node-1"]) < count/3-1 {
+				return fmt.Sprintf("node-1 holds %d", len(m["node-1"]))
+			}
+			return ""
+		})
+	})
+
+	t.Run("partition and heal", func(t *testing.T) {
+		must(t, "sim", "partition", "node-2", "--dir", dir)
+		// The survivors take node-2's routers once its lease expires.
+		waitFor(t, "survivors hold every router", ttl+15*time.Second, func() string {
+			w := where(t, dir)
+			for _, n := range names {
+				ok := false
+				for _, node := range w[n] {
+					ok = ok || node != "node-2"
+				}
+				if !ok {
+					return n + " only on node-2"
+				}
+			}
+			return ""
+		})
+		must(t, "sim", "heal", "node-2", "--dir", dir)
+		took := waitFor(t, "after heal: no router twice, none lost", ttl+2*time.Second, once(""))
+		t.Logf("converged %s after heal", took.Round(time.Millisecond))
+	})
+
+	t.Run("node lost", func(t *testing.T) {
+		waitFor(t, "balanced before the kill", 30*time.Second, func() string {
+			m, _ := sim.Ls(dir)
+			if len(m["node-3"]) == 0 {
+				return "node-3 holds nothing yet"
+			}
+			return once("")()
+		})
+		start := time.Now()
+		must(t, "sim", "kill", "node-3", "--dir", dir)
+		took := waitFor(t, "node-3's routers on the survivors", ttl+20*time.Second, once("node-3"))
+		t.Logf("failover: all routers on survivors %s after the kill (lease TTL %s)", took.Round(time.Millisecond), ttl)
+		waitFor(t, "failover recorded", 10*time.Second, func() string {
+			for _, f := range status(t).Failovers {
+				if f.Node == "node-3" && !f.Ready.IsZero() {
+					if f.Moved == 0 {
+						return "failover moved nothing"
+					}
+					return ""
+				}
+			}
+			return "no finished failover for node-3"
+		})
+		_ = start
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		bad := filepath.Join(t.TempDir(), "bad.yaml")
+		os.WriteFile(bad, []byte("namespaces:\n  - name: \"x-{i}\"\n    count: 2\n    veths:\n      - host: \"this-name-is-far-too-long-{i}\"\n        peer: p\n"), 0o644)
+		_, err := run(t, "cluster", "apply", "-f", bad)
+		if err == nil || !strings.Contains(err.Error(), "bad.yaml:5") {
+			t.Errorf("bad spec: want an error at bad.yaml:5, got %v", err)
+		}
+		if r := status(t); r.SpecCount != count {
+			t.Errorf("after a refused apply the cluster serves %d namespaces", r.SpecCount)
+		}
+
+		// Two applies at once: each succeeds or is refused; the result is
+		// one of the two specs, whole.
+		other := filepath.Join(t.TempDir(), "other.yaml")
+		os.WriteFile(other, []byte(nstest.FakeRouters(prefix, count-10)), 0o644)
+		var wg sync.WaitGroup
+		for _, f := range []string{specFile, other} {
+			wg.Add(1)
+			go func() { defer wg.Done(); run(t, "cluster", "apply", "-f", f) }()
+		}
+		wg.Wait()
+		if r := status(t); r.SpecCount != count && r.SpecCount != count-10 {
+			t.Errorf("after concurrent applies the spec has %d namespaces", r.SpecCount)
+		}
+		must(t, "cluster", "apply", "-f", specFile)
+
+		start := time.Now()
+		_, err = run(t, "cluster", "status", "--etcd", "http://127.0.0.1:1", "--dial-timeout", "1s")
+		if err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") || time.Since(start) > 3*time.Second {
+			t.Errorf("unreachable etcd: %v after %s", err, time.Since(start))
+		}
+	})
+
+	t.Run("delete", func(t *testing.T) {
+		must(t, "cluster", "delete", "-f", specFile)
+		waitFor(t, "every node empty", 20*time.Second, func() string {
+			m, _ := sim.Ls(dir)
+			for node, ns := range m {
+				if len(ns) > 0 {
+					return fmt.Sprintf("%s holds %d", node, len(ns))
+				}
+			}
+			return ""
+		})
+	})
+}
