@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsfleet/nsfleet/bench"
 	"github.com/nsfleet/nsfleet/cluster"
 	"github.com/nsfleet/nsfleet/cluster/sim"
 	"github.com/nsfleet/nsfleet/internal/nstest"
@@ -320,4 +321,31 @@ func TestSim(t *testing.T) {
 			return ""
 		})
 	})
+}
+
+// TestFailoverScenario runs the lab's failover scenario small, with this
+// test binary as the cluster binary.
+func TestFailoverScenario(t *testing.T) {
+	nstest.RequireRoot(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NSFLEET_CLUSTER_BINARY", self)
+	s, err := bench.Lookup("failover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := bench.Execute(context.Background(), s, bench.Options{N: 60, Prefix: nstest.Prefix(t), RunDir: nstest.RunDir(t).Path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, x := range run.Samples {
+		got[x.Metric] = x.Value
+	}
+	if got["routers moved"] < 10 || got["failover (kill to all ready)"] < 1 || got["one-node up of the moved routers"] <= 0 {
+		t.Fatalf("implausible failover run: %v (skipped %v)", got, run.Skipped)
+	}
+	t.Logf("failover of %.0f routers: %.2fs (TTL %s), one-node up %.3fs", got["routers moved"], got["failover (kill to all ready)"], "5s", got["one-node up of the moved routers"])
 }
