@@ -45,7 +45,11 @@ type Agent struct {
 	log   *slog.Logger
 	drift *driftWatch
 
-	lease    clientv3.LeaseID
+	lease clientv3.LeaseID
+	// stopWork cancels the reconcile in flight: the keepalive goroutine
+	// calls it when it fences, so that creation stops at once, not when
+	// the batch is done.
+	stopWork atomic.Pointer[context.CancelFunc]
 	joined   atomic.Bool
 	fenced   atomic.Bool
 	statusMu sync.Mutex
@@ -237,6 +241,10 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 		}
 		if !fenced && wait <= 0 {
 			fenced = true
+			a.fenced.Store(true)
+			if stop := a.stopWork.Load(); stop != nil {
+				(*stop)()
+			}
 			out <- leaseFence
 			continue
 		}
@@ -270,7 +278,7 @@ func (a *Agent) serve(ctx context.Context) {
 	defer cancel()
 	events := make(chan leaseEvent, 4)
 	go a.keepalive(ectx, a.lease, events)
-	sc := &scheduler{cli: a.cli, node: a.cfg.Node, log: a.log, metrics: a.cfg.Metrics}
+	sc := &scheduler{cli: a.cli, node: a.cfg.Node, log: a.log, metrics: a.cfg.Metrics, timeout: a.cfg.LeaseTTL}
 	go func() {
 		for ectx.Err() == nil {
 			if err := sc.lead(ectx, a.lease); err != nil && ectx.Err() == nil {
@@ -279,8 +287,9 @@ func (a *Agent) serve(ctx context.Context) {
 			sleep(ectx, 500*time.Millisecond)
 		}
 	}()
-	a.reconcile(ctx, nil, true, false)
 	var watch clientv3.WatchChan
+	stopWatch := func() {}
+	defer func() { stopWatch() }()
 	rewatch := func() bool {
 		rctx, rcancel := a.rpc(ectx)
 		snap, err := Read(rctx, a.cli)
@@ -289,20 +298,59 @@ func (a *Agent) serve(ctx context.Context) {
 			return false
 		}
 		a.load(snap)
-		watch = a.cli.Watch(clientv3.WithRequireLeader(ectx), Prefix, clientv3.WithPrefix(), clientv3.WithRev(snap.Rev+1))
+		stopWatch()
+		wctx, wcancel := context.WithCancel(ectx)
+		stopWatch = wcancel
+		watch = a.cli.Watch(clientv3.WithRequireLeader(wctx), Prefix, clientv3.WithPrefix(), clientv3.WithRev(snap.Rev+1))
 		return true
 	}
-	rewatch()
+	// The assignment may have changed since join read it (the scheduler
+	// moved this node's namespaces while it was away): read it again with
+	// the watch, then converge to it.
+	if !rewatch() {
+		watch = nil
+	}
+	a.reconcile(ctx, nil, true, false)
 	resync := time.NewTicker(a.cfg.Resync)
 	defer resync.Stop()
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
+	if watch == nil {
+		retry.Reset(500 * time.Millisecond)
+	}
 	for {
 		changed := false
+		// Lease events first: a fence must not wait behind other work.
+		var ev leaseEvent
 		select {
-		case <-ctx.Done():
-			return
-		case ev := <-events:
+		case ev = <-events:
+		default:
+			ev = -1
+		}
+		if ev < 0 {
+			select {
+			case ev = <-events:
+			case <-ctx.Done():
+				return
+			case resp, ok := <-watch:
+				changed = a.watched(resp, ok, &watch, rewatch, retry)
+			case <-retry.C:
+				if watch == nil && rewatch() {
+					changed = true
+				} else if watch == nil {
+					retry.Reset(500 * time.Millisecond)
+				}
+			case <-a.drift.notify:
+				// Let the rest of a burst arrive.
+				sleep(ctx, 50*time.Millisecond)
+				dirty, all := a.drift.take()
+				a.reconcile(ctx, dirty, all, false)
+			case <-resync.C:
+				a.foreign = map[string]bool{}
+				a.reconcile(ctx, nil, true, false)
+			}
+		}
+		if ev >= 0 {
 			switch ev {
 			case leaseFence:
 				a.fence(ctx)
@@ -321,60 +369,48 @@ func (a *Agent) serve(ctx context.Context) {
 				return
 			}
 			continue
-		case resp, ok := <-watch:
-			if !ok || resp.Err() != nil || resp.Canceled {
-				// Compacted, or etcd unreachable: read everything again.
-				watch = nil
-				if !rewatch() {
-					retry.Reset(500 * time.Millisecond)
-				} else {
-					changed = true
-				}
-				break
-			}
-			for _, ev := range resp.Events {
-				k := string(ev.Kv.Key)
-				switch {
-				case k == KeySpec:
-					changed = true
-					if ev.Type == clientv3.EventTypeDelete {
-						a.setSpec(nil, ev.Kv.ModRevision)
-						continue
-					}
-					var doc SpecDoc
-					if err := json.Unmarshal(ev.Kv.Value, &doc); err == nil {
-						a.setSpec(&doc, ev.Kv.ModRevision)
-					}
-				case k == AssignKey(a.cfg.Node):
-					changed = true
-					var as Assignment
-					if ev.Type != clientv3.EventTypeDelete {
-						json.Unmarshal(ev.Kv.Value, &as)
-					}
-					a.setAssign(as, ev.Kv.ModRevision)
-				}
-			}
-		case <-retry.C:
-			if watch == nil && rewatch() {
-				changed = true
-			} else if watch == nil {
-				retry.Reset(500 * time.Millisecond)
-			}
-		case <-a.drift.notify:
-			// Let the rest of a burst arrive.
-			sleep(ctx, 50*time.Millisecond)
-			dirty, all := a.drift.take()
-			a.reconcile(ctx, dirty, all, false)
-			continue
-		case <-resync.C:
-			a.foreign = map[string]bool{}
-			a.reconcile(ctx, nil, true, false)
-			continue
 		}
 		if changed {
 			a.reconcile(ctx, nil, false, false)
 		}
 	}
+}
+
+// watched applies one watch response; it reports whether the spec or this
+// node's assignment changed.
+func (a *Agent) watched(resp clientv3.WatchResponse, ok bool, watch *clientv3.WatchChan, rewatch func() bool, retry *time.Timer) bool {
+	if !ok || resp.Err() != nil || resp.Canceled {
+		// Compacted, or etcd unreachable: read everything again.
+		*watch = nil
+		if !rewatch() {
+			retry.Reset(500 * time.Millisecond)
+			return false
+		}
+		return true
+	}
+	changed := false
+	for _, ev := range resp.Events {
+		switch k := string(ev.Kv.Key); k {
+		case KeySpec:
+			changed = true
+			if ev.Type == clientv3.EventTypeDelete {
+				a.setSpec(nil, ev.Kv.ModRevision)
+				continue
+			}
+			var doc SpecDoc
+			if err := json.Unmarshal(ev.Kv.Value, &doc); err == nil {
+				a.setSpec(&doc, ev.Kv.ModRevision)
+			}
+		case AssignKey(a.cfg.Node):
+			changed = true
+			var as Assignment
+			if ev.Type != clientv3.EventTypeDelete {
+				json.Unmarshal(ev.Kv.Value, &as)
+			}
+			a.setAssign(as, ev.Kv.ModRevision)
+		}
+	}
+	return changed
 }
 
 // fence stops serving before the lease can expire: no creation, and every
@@ -439,6 +475,13 @@ func (a *Agent) refused() string {
 func (a *Agent) reconcile(ctx context.Context, dirty map[string]bool, full, teardownOnly bool) {
 	if a.fenced.Load() && !teardownOnly {
 		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a.stopWork.Store(&cancel)
+	defer a.stopWork.Store(nil)
+	if a.fenced.Load() && !teardownOnly {
+		return // fenced between the check and the store
 	}
 	start := time.Now()
 	rd := a.cfg.RunDir

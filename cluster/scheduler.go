@@ -16,6 +16,7 @@ type scheduler struct {
 	node    string
 	log     *slog.Logger
 	metrics *Metrics
+	timeout time.Duration // of each etcd request
 
 	// The parsed spec, kept while its revision does not change (a 40,000
 	// namespace spec takes a while to expand).
@@ -55,7 +56,9 @@ func (sc *scheduler) lead(ctx context.Context, lease clientv3.LeaseID) error {
 	var from int64
 	kick := make(chan struct{}, 1)
 	for {
-		snap, err := Read(wctx, sc.cli)
+		rctx, rcancel := context.WithTimeout(wctx, sc.timeout)
+		snap, err := Read(rctx, sc.cli)
+		rcancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -85,7 +88,10 @@ func (sc *scheduler) lead(ctx context.Context, lease clientv3.LeaseID) error {
 				}
 			}()
 		}
-		if err := sc.round(wctx, snap, leaderKey, leaderRev); err != nil && ctx.Err() == nil {
+		rctx, rcancel = context.WithTimeout(wctx, sc.timeout)
+		err = sc.round(rctx, snap, leaderKey, leaderRev)
+		rcancel()
+		if err != nil && ctx.Err() == nil {
 			sc.metrics.etcdError()
 			sc.log.Warn("scheduler: round", "err", err)
 		}

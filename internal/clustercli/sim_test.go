@@ -142,9 +142,19 @@ func pinInodes(t *testing.T, st *sim.State, node string) map[string]uint64 {
 func TestSim(t *testing.T) {
 	nstest.RequireRoot(t)
 	dir := filepath.Join(t.TempDir(), "sim")
-	ttl := 2 * time.Second
+	// Long enough for a restarted agent to renew its predecessor's lease
+	// on a loaded CI machine.
+	ttl := 4 * time.Second
 	must(t, "sim", "up", "--nodes", "3", "--dir", dir, "--lease-ttl", ttl.String())
 	t.Cleanup(func() {
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "agent.log"))
+			for _, l := range logs {
+				b, _ := os.ReadFile(l)
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				t.Logf("%s (last 30 lines):\n%s", l, strings.Join(lines[max(0, len(lines)-30):], "\n"))
+			}
+		}
 		if _, err := run(t, "sim", "down", "--dir", dir); err != nil {
 			t.Error(err)
 		}

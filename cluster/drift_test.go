@@ -1,0 +1,157 @@
+package cluster
+
+import (
+	"context"
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/nsfleet/nsfleet/internal/nstest"
+	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/rtnl"
+	"golang.org/x/sys/unix"
+)
+
+func TestMain(m *testing.M) { nstest.Main(m) }
+
+// TestDriftWatchHearsInsideNamespaces sets lo down inside a namespace that
+// has a veth to the host and expects that namespace reported, by its id,
+// from the host's one listening socket.
+func TestDriftWatchHearsInsideNamespaces(t *testing.T) {
+	nstest.RequireRoot(t)
+	rd := nstest.RunDir(t)
+	prefix := nstest.Prefix(t)
+	d, err := newDriftWatch(rd.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go d.run(ctx)
+
+	host := prefix + "h"
+	ns, err := netns.Create(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	c, err := rtnl.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.AddVeth(rtnl.VethPair{Host: host, Peer: "p", PeerNsFd: ns.Fd()}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, prefix) })
+	l, err := c.LinkByName(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.learn("ns-a", []string{host}, int32(l.PeerNsID))
+	d.take()
+
+	err = rtnl.Inside(ns, rtnl.OpenLite, func(in *rtnl.Conn) error { return in.SetUp(rtnl.LoopbackIndex, true) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !waitMarked(d, "ns-a") {
+		t.Fatal("lo set up inside the namespace: no event for it")
+	}
+	// A host-side change names the namespace through the veth's name.
+	if err := c.SetUp(l.Index, true); err != nil {
+		t.Fatal(err)
+	}
+	if !waitMarked(d, "ns-a") {
+		t.Fatal("host veth set up: no event for its namespace")
+	}
+	// A pin removed from the run dir is reported by name.
+	if err := rd.Pin("gone", ns); err != nil {
+		t.Fatal(err)
+	}
+	d.take()
+	if err := rd.Unpin("gone"); err != nil {
+		t.Fatal(err)
+	}
+	if !waitMarked(d, "gone") {
+		t.Fatal("pin removed: not reported")
+	}
+}
+
+func waitMarked(d *driftWatch, name string) bool {
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-d.notify:
+		case <-time.After(100 * time.Millisecond):
+		}
+		p, _ := d.take()
+		if p[name] {
+			return true
+		}
+	}
+	return false
+}
+
+func FuzzLinkNameAndNsid(f *testing.F) {
+	msg := make([]byte, unix.SizeofIfInfomsg)
+	attr := func(t uint16, v []byte) []byte {
+		b := make([]byte, 4, 4+len(v)+3)
+		binary.NativeEndian.PutUint16(b[0:2], uint16(4+len(v)))
+		binary.NativeEndian.PutUint16(b[2:4], t)
+		b = append(b, v...)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+		return b
+	}
+	id := make([]byte, 4)
+	binary.NativeEndian.PutUint32(id, 7)
+	f.Add(append(append(append([]byte(nil), msg...), attr(unix.IFLA_IFNAME, []byte("qro-1\x00"))...), attr(unix.IFLA_LINK_NETNSID, id)...))
+	f.Add([]byte{1, 2, 3})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		name, _ := linkNameAndNsid(b)
+		if len(name) > len(b) {
+			t.Fatalf("name longer than the message")
+		}
+	})
+}
+
+func FuzzInotifyEvents(f *testing.F) {
+	ev := make([]byte, unix.SizeofInotifyEvent+8)
+	binary.NativeEndian.PutUint32(ev[12:16], 8)
+	copy(ev[unix.SizeofInotifyEvent:], "bar-1\x00\x00\x00")
+	f.Add(ev)
+	f.Add([]byte{0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d := &driftWatch{pending: map[string]bool{}, notify: make(chan struct{}, 1)}
+		d.inotifyEvents(b)
+		for n := range d.pending {
+			if n == "" || len(n) > len(b) {
+				t.Fatalf("bad name %q", n)
+			}
+		}
+	})
+}
+
+func TestStateOfProcessesNeedPermission(t *testing.T) {
+	snap := &Snapshot{
+		Nodes:     map[string]NodeInfo{"a": {AllowProcesses: true}, "b": {}},
+		Status:    map[string]NodeStatus{},
+		Cordons:   map[string]Cordon{},
+		Assign:    map[string]Assignment{},
+		AssignRev: map[string]int64{},
+	}
+	st := StateOf(snap, []string{"x", "y"}, true)
+	if st.Nodes["a"].Cordoned || !st.Nodes["b"].Cordoned {
+		t.Fatalf("with processes: a (allows) cordoned=%v, b (refuses) cordoned=%v", st.Nodes["a"].Cordoned, st.Nodes["b"].Cordoned)
+	}
+	p := Schedule(st)
+	if p.Placed["b"] != 0 || p.Placed["a"] != 2 {
+		t.Fatalf("placed %v: a spec with processes went to a node that refuses them", p.Placed)
+	}
+	if st := StateOf(snap, []string{"x"}, false); st.Nodes["b"].Cordoned {
+		t.Fatal("without processes every node takes namespaces")
+	}
+}
