@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -319,6 +321,51 @@ func TestSim(t *testing.T) {
 		}
 	})
 
+	t.Run("metrics and health", func(t *testing.T) {
+		n, err := st.Node("node-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := httpGetIn(t, n.NetPin, "127.0.0.1:9465", "/metrics")
+		for _, want := range []string{"nsfleet_namespaces_ready{node=\"node-1\"}", "nsfleet_namespaces_desired{node=\"node-1\"}", "nsfleet_reconcile_duration_seconds_count", "nsfleet_fenced{node=\"node-1\"} 0"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("/metrics lacks %s", want)
+			}
+		}
+		if body := httpGetIn(t, n.NetPin, "127.0.0.1:9465", "/healthz"); !strings.Contains(body, "200 OK") {
+			t.Errorf("/healthz: %s", body)
+		}
+	})
+
+	t.Run("processes refused", func(t *testing.T) {
+		withProc := filepath.Join(t.TempDir(), "procs.yaml")
+		os.WriteFile(withProc, []byte(nstest.FakeRouters(prefix, count)+"    processes:\n      - name: idle\n        command: [sleep, \"1000\"]\n"), 0o644)
+		must(t, "cluster", "apply", "-f", withProc)
+		waitFor(t, "no node serves a spec with processes", 20*time.Second, func() string {
+			r := status(t)
+			if r.Unassigned != count {
+				return fmt.Sprintf("%d unassigned", r.Unassigned)
+			}
+			for _, n := range r.Nodes {
+				if n.AllowProcesses {
+					return n.Name + " says it allows processes"
+				}
+			}
+			m, _ := sim.Ls(dir)
+			for node, ns := range m {
+				if len(ns) > 0 {
+					return fmt.Sprintf("%s still holds %d", node, len(ns))
+				}
+			}
+			return ""
+		})
+		if out := must(t, "cluster", "status"); !strings.Contains(out, "refused") {
+			t.Errorf("status does not show which nodes refuse processes:\n%s", out)
+		}
+		must(t, "cluster", "apply", "-f", specFile)
+		waitFor(t, "served again", 30*time.Second, once(""))
+	})
+
 	t.Run("delete", func(t *testing.T) {
 		must(t, "cluster", "delete", "-f", specFile)
 		waitFor(t, "every node empty", 20*time.Second, func() string {
@@ -358,4 +405,24 @@ func TestFailoverScenario(t *testing.T) {
 		t.Fatalf("implausible failover run: %v (skipped %v)", got, run.Skipped)
 	}
 	t.Logf("failover of %.0f routers: %.2fs (TTL %s), one-node up %.3fs", got["routers moved"], got["failover (kill to all ready)"], "5s", got["one-node up of the moved routers"])
+}
+
+// httpGetIn sends one HTTP GET from inside the namespace pinned at pin
+// (the socket is made there) and returns the whole response.
+func httpGetIn(t *testing.T, pin, addr, path string) string {
+	t.Helper()
+	ns, err := netns.OpenPath(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	var conn net.Conn
+	if err := netns.Do(ns, func() (err error) { conn, err = net.DialTimeout("tcp", addr, 2*time.Second); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr)
+	b, _ := io.ReadAll(conn)
+	return string(b)
 }
