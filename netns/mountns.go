@@ -13,7 +13,29 @@ import (
 // that its run dir and pins are its alone, as on a machine of its own. The
 // threading contract above holds: every thread that enters or makes a mount
 // namespace here first unshares its filesystem context (CLONE_FS), and is
-// never handed back to the runtime (its goroutine exits locked).
+// never handed back to the runtime (see disposable).
+
+// disposable runs fn on a locked thread that the runtime destroys when fn
+// returns. That thread must not be the main thread: Go cannot end the
+// main thread, so one locked there is parked for good instead, in
+// whatever namespaces fn left it. If the goroutine lands on it, it keeps
+// the main thread busy while another goroutine, which then cannot land
+// there, does the work.
+func disposable(fn func()) {
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			disposable(fn)
+			runtime.UnlockOSThread()
+			close(done)
+			return
+		}
+		defer close(done)
+		fn() // returns with the thread locked: it is destroyed
+	}()
+	<-done
+}
 
 // NewMountNS makes a mount namespace whose mounts are private to it
 // (nothing propagates in or out), runs setup inside it, and pins it on an
@@ -24,8 +46,7 @@ func NewMountNS(path string, setup func() error) error {
 		err error
 	}
 	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+	disposable(func() {
 		r := result{fd: -1}
 		defer func() { ch <- r }()
 		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
@@ -43,7 +64,7 @@ func NewMountNS(path string, setup func() error) error {
 			}
 		}
 		r.fd, r.err = unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	}()
+	})
 	r := <-ch
 	if r.err != nil {
 		return r.err
@@ -101,14 +122,13 @@ func enter(mntPath string, ns *NS) error {
 // mntPath; the thread is not reused.
 func InMountNS(mntPath string, fn func() error) error {
 	ch := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked
+	disposable(func() {
 		if err := enter(mntPath, nil); err != nil {
 			ch <- err
 			return
 		}
 		ch <- fn()
-	}()
+	})
 	return <-ch
 }
 
@@ -118,13 +138,12 @@ func InMountNS(mntPath string, fn func() error) error {
 // thread that entered them and is not reused.
 func StartIn(cmd *exec.Cmd, ns *NS, mntPath string) error {
 	ch := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked
+	disposable(func() {
 		if err := enter(mntPath, ns); err != nil {
 			ch <- err
 			return
 		}
 		ch <- cmd.Start()
-	}()
+	})
 	return <-ch
 }
