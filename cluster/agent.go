@@ -117,10 +117,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.drift = d
 	defer d.close()
 	go d.run(ctx)
-	a.learnAll()
 	defer a.stopSupervisor()
+	learned := false
 	for ctx.Err() == nil {
-		if err := a.join(ctx); err != nil {
+		err := a.join(ctx)
+		if err == nil && !learned {
+			a.learnAll()
+			learned = true
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				break
 			}
@@ -209,6 +214,7 @@ func (a *Agent) setSpec(doc *SpecDoc, rev int64) {
 		return
 	}
 	a.fl, a.specErr = f, nil
+	a.learnHosts()
 }
 
 func (a *Agent) setAssign(as Assignment, rev int64) {
@@ -564,7 +570,6 @@ func (a *Agent) reconcile(ctx context.Context, dirty map[string]bool, full, tear
 				a.log.Info("reconciled", "created", sum.Counts[fleet.Created], "repaired", sum.Counts[fleet.Repaired],
 					"failed", sum.Counts[fleet.Failed]+sum.Counts[fleet.Skipped], "took", time.Since(upStart).Round(time.Millisecond))
 			}
-			a.learnAll()
 		}
 	}
 	ready := 0
@@ -610,14 +615,14 @@ func (a *Agent) putStatus(ctx context.Context, edit func(*NodeStatus)) {
 	}
 }
 
-// learnAll maps every host veth of the spec to its namespace and, through
-// one dump of the host's links, each namespace's id, so that events from
-// inside namespaces name their namespace.
-func (a *Agent) learnAll() {
-	if a.fl == nil || a.drift == nil {
-		return
-	}
+// learnHosts maps every host veth of the spec to its namespace, so that
+// host events name it; the host event of a veth's creation also carries
+// the id of its namespace, which maps the events from inside it.
+func (a *Agent) learnHosts() map[string]string {
 	hostOf := map[string]string{}
+	if a.fl == nil || a.drift == nil {
+		return hostOf
+	}
 	for i := range a.fl.Namespaces {
 		ns := &a.fl.Namespaces[i]
 		var hs []string
@@ -626,6 +631,18 @@ func (a *Agent) learnAll() {
 			hostOf[v.Host] = ns.Name
 		}
 		a.drift.learn(ns.Name, hs, -1)
+	}
+	return hostOf
+}
+
+// learnAll maps, besides the host names, each existing namespace's id
+// through one dump of the host's links: once, when the agent starts and
+// finds namespaces made before it (a dump costs a lookup over every
+// namespace id per host veth, so it is not repeated).
+func (a *Agent) learnAll() {
+	hostOf := a.learnHosts()
+	if len(hostOf) == 0 {
+		return
 	}
 	c, err := rtnl.OpenLite()
 	if err != nil {

@@ -90,30 +90,12 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		}
 		return out, nil
 	}
-	host, err := rtnl.Open()
+	// No dump of the host's links: see rtnl.Devices.
+	snap, err := hostSnapshot(f)
 	if err != nil {
-		return nil, fmt.Errorf("ls: %w", err)
-	}
-	defer host.Close()
-	hostLinks, err := host.Links()
-	if err != nil {
-		return nil, fmt.Errorf("ls: host: %w", err)
-	}
-	snap := &snapshot{links: map[string]rtnl.Link{}}
-	if snap.home, err = openHome(); err != nil {
 		return nil, fmt.Errorf("ls: %w", err)
 	}
 	defer snap.close()
-	hostByIndex := map[int]rtnl.Link{}
-	for _, l := range hostLinks {
-		snap.links[l.Name] = l
-		hostByIndex[l.Index] = l
-	}
-	if f != nil {
-		if snap.addrs, err = host.Addrs(); err != nil {
-			return nil, fmt.Errorf("ls: host: %w", err)
-		}
-	}
 
 	out := make([]Status, len(names))
 	needProc := false
@@ -135,7 +117,7 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		if f != nil {
 			want, _ = f.Lookup(name)
 		}
-		if err := inspect(rd, r, snap, hostByIndex, want, st); err != nil {
+		if err := inspect(rd, r, snap, want, st); err != nil {
 			st.State, st.Error = StateError, err.Error()
 		}
 		procStates(opts.Store, want, st)
@@ -224,13 +206,18 @@ func openReader(needProc bool) *reader {
 
 func (r *reader) close() { r.sysctls.Close() }
 
-func inspect(rd *netns.RunDir, r *reader, snap *snapshot, hostByIndex map[int]rtnl.Link, want *spec.Namespace, st *Status) error {
+func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, st *Status) error {
 	h, err := rd.Open(st.Name)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	obs := Observed{HostLinks: snap.links, HostAddrs: snap.addrs, HostIDInside: -1}
+	obs := Observed{HostAddrs: snap.addrs, HostIDInside: -1}
+	if want != nil {
+		if obs.HostLinks, err = snap.hostLinks(want); err != nil {
+			return err
+		}
+	}
 	pfs := r.sysctls
 	if want != nil && len(want.Sysctls) > 0 {
 		if pfs == nil {
@@ -264,8 +251,10 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, hostByIndex map[int]rt
 	for _, l := range obs.Links {
 		ls := LinkStatus{Name: l.Name, Type: l.Type, Up: l.Up, MTU: l.MTU}
 		if l.Type == "veth" && obs.HostIDInside >= 0 && l.PeerNsID == obs.HostIDInside {
-			if hl, ok := hostByIndex[l.PeerIndex]; ok && hl.PeerIndex == l.Index {
-				ls.Host = hl.Name
+			// Its peer is the host link of that index: a veth pair is
+			// symmetric, so the host is not asked about the peer.
+			if name, ok, err := snap.dev.NameOf(l.PeerIndex); err == nil && ok {
+				ls.Host = name
 			}
 		}
 		st.Links = append(st.Links, ls)

@@ -23,26 +23,34 @@ type Observed struct {
 	Addrs   map[int][]netip.Prefix // inside, by ifindex
 	Routes  []rtnl.Route           // inside, main table
 	Sysctls map[string]string      // the spec's keys; missing keys are absent
-	// HostLinks are the host namespace's links by name, and HostIDInside
-	// is the id this namespace uses for the host namespace (-1: none
-	// assigned). It is asked inside the namespace, where the kernel's
-	// lookup is over this namespace's few peers; the id the host uses for
-	// this namespace would be a lookup over every namespace the host
-	// knows, linear in the fleet (peernet2id), for each namespace.
+	// HostLinks are the host namespace's links that the spec names for
+	// this namespace (its veths' host ends), by name, as rtnl.Devices
+	// reads them: index, state and MTU, no type or peer. HostIDInside is
+	// the id this namespace uses for the host namespace (-1: none
+	// assigned). Both are asked where the kernel's lookup is constant or
+	// over this namespace's few peers: anything the host says about its
+	// veths' peers costs a lookup over every namespace the host knows
+	// (peernet2id), linear in the fleet, for each veth.
 	HostLinks    map[string]rtnl.Link
 	HostAddrs    map[int][]netip.Prefix
 	HostIDInside int
 }
 
 // pairedHere reports whether the host link h is a veth whose other end is
-// in this namespace, and returns that end: the link inside with h's peer
-// index, pointing back at h across to the host.
+// in this namespace, and returns that end: the veth inside whose peer is
+// h's index across in the host. A veth pair is symmetric, so that one
+// side's view is the whole answer (the host is never asked: see
+// HostLinks).
 func (o *Observed) pairedHere(h rtnl.Link) (rtnl.Link, bool) {
-	if h.Type != "veth" || o.HostIDInside < 0 {
+	if o.HostIDInside < 0 || h.Index <= 0 {
 		return rtnl.Link{}, false
 	}
-	in, ok := o.linkByIndex(h.PeerIndex)
-	return in, ok && in.Type == "veth" && in.PeerIndex == h.Index && in.PeerNsID == o.HostIDInside
+	for _, in := range o.Links {
+		if in.Type == "veth" && in.PeerNsID == o.HostIDInside && in.PeerIndex == h.Index {
+			return in, true
+		}
+	}
+	return rtnl.Link{}, false
 }
 
 func (o *Observed) link(name string) (rtnl.Link, bool) {
@@ -193,7 +201,7 @@ func diffVeth(vi int, v spec.Veth, got *Observed) ([]Fix, error) {
 			// Only a veth whose other end is in this namespace (ours) may
 			// be removed; anything else on the host is not ours to touch.
 			if !ours {
-				return nil, &Conflict{Reason: fmt.Sprintf("veth %s: host interface %s already exists and is not paired with this namespace (type %s)", pair, v.Host, host.Type)}
+				return nil, &Conflict{Reason: fmt.Sprintf("veth %s: host interface %s already exists and is not a veth paired with this namespace", pair, v.Host)}
 			}
 			del = append(del, DeleteLink{Host: true, Index: host.Index, Name: v.Host})
 		}

@@ -101,8 +101,10 @@ func TestDiffConflict(t *testing.T) {
 	if _, err := Diff(wantNS(), o, false); !errors.As(err, &c) {
 		t.Fatalf("peer moved away: err = %v, want *Conflict", err)
 	}
+	// The host name is held by another device (its index is not the one
+	// our veth's peer has): not ours.
 	o = matching()
-	o.HostLinks["qro-1"] = rtnl.Link{Index: 50, Name: "qro-1", Type: "dummy", PeerNsID: -1}
+	o.HostLinks["qro-1"] = rtnl.Link{Index: 51, Name: "qro-1", Type: "dummy", PeerNsID: -1}
 	if _, err := Diff(wantNS(), o, false); !errors.As(err, &c) {
 		t.Fatalf("dummy in the way: err = %v, want *Conflict", err)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/nsfleet/nsfleet/rtnl"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/nsfleet/nsfleet/sysctl"
-	"golang.org/x/sys/unix"
 )
 
 // Up makes the machine match f: it creates the namespaces that are missing,
@@ -95,14 +94,31 @@ func pinMap(rd *netns.RunDir) (map[string]*netns.PinInfo, error) {
 // dyingPeers reports whether a namespace to be created has a host name held
 // by a veth paired into another namespace (one being freed has already lost
 // its id, so the id is not asked for: only that the peer is elsewhere).
+// Only names that exist are asked about over rtnetlink, one by one: the
+// rare case (a killed run, a conflict) pays the peer lookup, not every run.
 func dyingPeers(f *spec.Fleet, pins map[string]*netns.PinInfo, snap *snapshot) bool {
+	var c *rtnl.Conn
+	defer func() {
+		if c != nil {
+			c.Close()
+		}
+	}()
 	for i := range f.Namespaces {
 		ns := &f.Namespaces[i]
 		if p := pins[ns.Name]; p != nil && p.Mounted {
 			continue
 		}
 		for _, v := range ns.Veths {
-			if l, ok := snap.links[v.Host]; ok && l.Type == "veth" && l.PeerElsewhere {
+			if _, ok, _ := snap.dev.ByName(v.Host); !ok {
+				continue
+			}
+			if c == nil {
+				var err error
+				if c, err = rtnl.OpenLite(); err != nil {
+					return false
+				}
+			}
+			if l, err := c.LinkByName(v.Host); err == nil && l.Type == "veth" && l.PeerElsewhere {
 				return true
 			}
 		}
@@ -130,10 +146,13 @@ func waitFreed(ctx context.Context, timeout time.Duration) error {
 	return freeBarrier(ctx, host, sents)
 }
 
-// snapshot is the host side as it was when the run started. Workers only
-// read it; nsfleet holds the run dir lock, so no other nsfleet changes it.
+// snapshot is what every worker needs of the host side: a Devices to ask
+// about host links by name in constant time, the host's addresses when the
+// spec puts any on host ends, and nsfleet's own namespace. Workers only
+// read it; nsfleet holds the run dir lock, so no other nsfleet changes the
+// host meanwhile.
 type snapshot struct {
-	links map[string]rtnl.Link
+	dev   *rtnl.Devices
 	addrs map[int][]netip.Prefix
 	// home is nsfleet's own namespace, whose id inside each namespace
 	// tells which veths there are paired with the host (see Observed).
@@ -143,6 +162,7 @@ type snapshot struct {
 func (s *snapshot) close() {
 	if s != nil {
 		s.home.Close()
+		s.dev.Close()
 	}
 }
 
@@ -155,54 +175,58 @@ func openHome() (*netns.NS, error) {
 	return h, nil
 }
 
+// hostSnapshot reads what f needs of the host. It does not dump the
+// host's links: see rtnl.Devices.
 func hostSnapshot(f *spec.Fleet) (*snapshot, error) {
-	c, err := rtnl.Open()
-	if err != nil {
+	s := &snapshot{}
+	var err error
+	if s.dev, err = rtnl.OpenDevices(); err != nil {
 		return nil, err
 	}
-	defer c.Close()
-	links, err := c.Links()
-	if rtnl.IsInterrupted(err) {
-		// Links change faster than a dump completes: look up the names
-		// the spec needs one by one, each answer consistent on its own.
-		links, err = linksByName(c, f)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("host: %w", err)
-	}
-	s := &snapshot{links: make(map[string]rtnl.Link, len(links))}
 	if s.home, err = openHome(); err != nil {
+		s.dev.Close()
 		return nil, err
 	}
-	for _, l := range links {
-		s.links[l.Name] = l
-	}
-	needAddrs := false
-	for i := range f.Namespaces {
-		for _, v := range f.Namespaces[i].Veths {
-			needAddrs = needAddrs || len(v.HostAddrs) > 0
+	if hostAddrsNeeded(f) {
+		c, err := rtnl.Open()
+		if err != nil {
+			s.close()
+			return nil, err
 		}
-	}
-	if needAddrs {
-		if s.addrs, err = c.Addrs(); err != nil {
+		s.addrs, err = c.Addrs()
+		c.Close()
+		if err != nil {
+			s.close()
 			return nil, fmt.Errorf("host: %w", err)
 		}
 	}
 	return s, nil
 }
 
-func linksByName(c *rtnl.Conn, f *spec.Fleet) ([]rtnl.Link, error) {
-	var out []rtnl.Link
+func hostAddrsNeeded(f *spec.Fleet) bool {
+	if f == nil {
+		return false
+	}
 	for i := range f.Namespaces {
 		for _, v := range f.Namespaces[i].Veths {
-			l, err := c.LinkByName(v.Host)
-			if errors.Is(err, unix.ENODEV) {
-				continue
+			if len(v.HostAddrs) > 0 {
+				return true
 			}
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, l)
+		}
+	}
+	return false
+}
+
+// hostLinks reads the host ends that ns's veths name.
+func (s *snapshot) hostLinks(ns *spec.Namespace) (map[string]rtnl.Link, error) {
+	out := make(map[string]rtnl.Link, len(ns.Veths))
+	for _, v := range ns.Veths {
+		l, ok, err := s.dev.ByName(v.Host)
+		if err != nil {
+			return nil, fmt.Errorf("host: %w", err)
+		}
+		if ok {
+			out[v.Host] = l
 		}
 	}
 	return out, nil
@@ -257,8 +281,14 @@ func (w *worker) up(ns *spec.Namespace, pin *netns.PinInfo) Result {
 	}
 	// Missing, or a pin file left without its mount: create.
 	for _, v := range ns.Veths {
-		if l, taken := w.snap.links[v.Host]; taken {
-			return fail(&Conflict{Reason: fmt.Sprintf("veth %s/%s: host interface %s already exists (type %s) and is not this new namespace's", v.Host, v.Peer, v.Host, l.Type)})
+		if _, taken, err := w.snap.dev.ByName(v.Host); err != nil {
+			return fail(err)
+		} else if taken {
+			kind := ""
+			if l, err := w.host.LinkByName(v.Host); err == nil {
+				kind = " (type " + l.Type + ")"
+			}
+			return fail(&Conflict{Reason: fmt.Sprintf("veth %s/%s: host interface %s already exists%s and is not this new namespace's", v.Host, v.Peer, v.Host, kind)})
 		}
 	}
 	if w.opts.DryRun {
@@ -452,7 +482,11 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 		return res
 	}
 	defer h.Close()
-	obs := Observed{HostLinks: w.snap.links, HostAddrs: w.snap.addrs, HostIDInside: -1}
+	obs := Observed{HostAddrs: w.snap.addrs, HostIDInside: -1}
+	if obs.HostLinks, err = w.snap.hostLinks(ns); err != nil {
+		res.Action, res.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: err}
+		return res
+	}
 	if err := w.sysctls.NextNamespace(); err != nil {
 		res.Action, res.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: err}
 		return res
