@@ -228,9 +228,9 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 		}
 	}
 	var fixes []Fix
-	open := rtnl.Open // addresses and routes, for the spec's drift
-	if want == nil {
-		open = rtnl.OpenLite // links and an id: one socket
+	open := rtnl.OpenLite // links and an id: one socket
+	if want != nil && needsFullObserve(want) {
+		open = rtnl.Open // addresses and routes, for the spec's drift
 	}
 	err = rtnl.Inside(h, open, func(in *rtnl.Conn) error {
 		var err error
@@ -253,8 +253,15 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 		if l.Type == "veth" && obs.HostIDInside >= 0 && l.PeerNsID == obs.HostIDInside {
 			// Its peer is the host link of that index: a veth pair is
 			// symmetric, so the host is not asked about the peer.
-			if name, ok, err := snap.dev.NameOf(l.PeerIndex); err == nil && ok {
-				ls.Host = name
+			for name, hl := range obs.HostLinks {
+				if hl.Index == l.PeerIndex {
+					ls.Host = name // the spec's name, already looked up
+				}
+			}
+			if ls.Host == "" {
+				if name, ok, err := snap.dev.NameOf(l.PeerIndex); err == nil && ok {
+					ls.Host = name
+				}
 			}
 		}
 		st.Links = append(st.Links, ls)

@@ -109,7 +109,7 @@ func dyingPeers(f *spec.Fleet, pins map[string]*netns.PinInfo, snap *snapshot) b
 			continue
 		}
 		for _, v := range ns.Veths {
-			if _, ok, _ := snap.dev.ByName(v.Host); !ok {
+			if _, ok, _ := snap.dev.Index(v.Host); !ok {
 				continue
 			}
 			if c == nil {
@@ -217,11 +217,21 @@ func hostAddrsNeeded(f *spec.Fleet) bool {
 	return false
 }
 
-// hostLinks reads the host ends that ns's veths name.
+// hostLinks reads the host ends that ns's veths name: their index, and
+// their state and MTU only where the spec sets them (each is one more
+// lookup by name).
 func (s *snapshot) hostLinks(ns *spec.Namespace) (map[string]rtnl.Link, error) {
 	out := make(map[string]rtnl.Link, len(ns.Veths))
 	for _, v := range ns.Veths {
-		l, ok, err := s.dev.ByName(v.Host)
+		var l rtnl.Link
+		var ok bool
+		var err error
+		if v.Up || v.MTU != 0 {
+			l, ok, err = s.dev.ByName(v.Host)
+		} else {
+			l = rtnl.Link{Name: v.Host, PeerIndex: -1, PeerNsID: -1}
+			l.Index, ok, err = s.dev.Index(v.Host)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("host: %w", err)
 		}
@@ -281,7 +291,7 @@ func (w *worker) up(ns *spec.Namespace, pin *netns.PinInfo) Result {
 	}
 	// Missing, or a pin file left without its mount: create.
 	for _, v := range ns.Veths {
-		if _, taken, err := w.snap.dev.ByName(v.Host); err != nil {
+		if _, taken, err := w.snap.dev.Index(v.Host); err != nil {
 			return fail(err)
 		} else if taken {
 			kind := ""
@@ -410,6 +420,20 @@ func (w *worker) create(ns *spec.Namespace) error {
 
 // needsFullConn reports whether creating ns needs more than raw writes
 // inside it: lookups for addresses, link state and routes.
+// needsFullObserve reports whether reading ns's state needs a full Conn
+// (addresses or routes), or one socket (OpenLite) will do.
+func needsFullObserve(ns *spec.Namespace) bool {
+	if len(ns.Routes) > 0 {
+		return true
+	}
+	for _, v := range ns.Veths {
+		if len(v.PeerAddrs) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 func needsFullConn(ns *spec.Namespace) bool {
 	if len(ns.Routes) > 0 {
 		return true
@@ -492,7 +516,11 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 		return res
 	}
 	var fixes []Fix
-	err = rtnl.Inside(h, rtnl.Open, func(in *rtnl.Conn) error {
+	open := rtnl.OpenLite
+	if needsFullConn(ns) {
+		open = rtnl.Open
+	}
+	err = rtnl.Inside(h, open, func(in *rtnl.Conn) error {
 		var err error
 		if err := observe(in, w.snap.home, w.sysctls, ns, &obs); err != nil {
 			return err

@@ -19,6 +19,7 @@ import (
 	"github.com/nsfleet/nsfleet/cluster/sim"
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/rtnl"
 	"golang.org/x/sys/unix"
 )
 
@@ -199,6 +200,61 @@ func TestSim(t *testing.T) {
 			}
 			return ""
 		})
+	})
+
+	t.Run("drift repaired from events", func(t *testing.T) {
+		n, err := st.Node("node-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := pinInodes(t, st, "node-1")
+		var victim, other string
+		for name := range before {
+			if victim == "" {
+				victim = name
+			} else if other == "" {
+				other = name
+			}
+		}
+		// Another tool deletes one namespace and sets lo down in another.
+		err = netns.InMountNS(n.MntPin, func() error {
+			if err := netns.UnpinFile(filepath.Join(n.RunDir, victim)); err != nil {
+				return err
+			}
+			h, err := netns.OpenPath(filepath.Join(n.RunDir, other))
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			return rtnl.Inside(h, rtnl.OpenLite, func(c *rtnl.Conn) error { return c.SetUp(rtnl.LoopbackIndex, false) })
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, "both repaired", 2*time.Second, func() string {
+			after := pinInodes(t, st, "node-1")
+			if after[victim] == 0 || after[victim] == before[victim] {
+				return victim + " not re-created"
+			}
+			up := false
+			netns.InMountNS(n.MntPin, func() error {
+				h, err := netns.OpenPath(filepath.Join(n.RunDir, other))
+				if err != nil {
+					return err
+				}
+				defer h.Close()
+				return rtnl.Inside(h, rtnl.OpenLite, func(c *rtnl.Conn) error {
+					lo, err := c.LinkByIndex(rtnl.LoopbackIndex)
+					up = err == nil && lo.Up
+					return err
+				})
+			})
+			if !up {
+				return other + ": lo still down"
+			}
+			return ""
+		})
+		t.Logf("drift repaired %s after it was made", took.Round(time.Millisecond))
 	})
 
 	t.Run("restart adopts", func(t *testing.T) {
