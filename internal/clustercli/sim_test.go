@@ -113,29 +113,48 @@ func status(t *testing.T) *cluster.Report {
 	return &r
 }
 
-// pinInodes returns the namespace inode of each pin on a node.
-func pinInodes(t *testing.T, st *sim.State, node string) map[string]uint64 {
+// pinCookies returns the network namespace cookie of each pin on a node:
+// unlike a namespace's inode number, which the kernel reuses as soon as
+// the namespace is freed, a cookie is never given twice.
+func pinCookies(t *testing.T, st *sim.State, node string) map[string]uint64 {
 	t.Helper()
 	n, err := st.Node(node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]uint64{}
+	var handles []*netns.NS
+	var names []string
 	err = netns.InMountNS(n.MntPin, func() error {
 		ents, err := os.ReadDir(n.RunDir)
 		if err != nil {
 			return err
 		}
 		for _, e := range ents {
-			var s unix.Stat_t
-			if unix.Stat(filepath.Join(n.RunDir, e.Name()), &s) == nil {
-				out[e.Name()] = s.Ino
+			if h, err := netns.OpenPath(filepath.Join(n.RunDir, e.Name())); err == nil {
+				handles = append(handles, h)
+				names = append(names, e.Name())
 			}
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for i, h := range handles {
+		netns.Do(h, func() error {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+			if err == nil {
+				out[names[i]] = c
+			}
+			return err
+		})
+		h.Close()
 	}
 	return out
 }
@@ -207,7 +226,7 @@ func TestSim(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := pinInodes(t, st, "node-1")
+		before := pinCookies(t, st, "node-1")
 		var victim, other string
 		for name := range before {
 			if victim == "" {
@@ -232,7 +251,7 @@ func TestSim(t *testing.T) {
 			t.Fatal(err)
 		}
 		took := waitFor(t, "both repaired", 2*time.Second, func() string {
-			after := pinInodes(t, st, "node-1")
+			after := pinCookies(t, st, "node-1")
 			if after[victim] == 0 || after[victim] == before[victim] {
 				return victim + " not re-created"
 			}
@@ -258,7 +277,7 @@ func TestSim(t *testing.T) {
 	})
 
 	t.Run("restart adopts", func(t *testing.T) {
-		before := pinInodes(t, st, "node-3")
+		before := pinCookies(t, st, "node-3")
 		must(t, "sim", "restart", "node-3", "--dir", dir)
 		time.Sleep(ttl) // longer than the restart: a failover would show
 		waitFor(t, "status all ready", 10*time.Second, func() string {
@@ -267,7 +286,7 @@ func TestSim(t *testing.T) {
 			}
 			return ""
 		})
-		after := pinInodes(t, st, "node-3")
+		after := pinCookies(t, st, "node-3")
 		if len(after) != len(before) || len(before) == 0 {
 			t.Fatalf("node-3 had %d pins, has %d", len(before), len(after))
 		}
