@@ -12,7 +12,7 @@ import (
 )
 
 func newDown(g *globals) *cobra.Command {
-	var file, prefix, progressMode string
+	var file, prefix, progressMode, profileDir string
 	var noWait, adopt, dryRun bool
 	var timeout, grace time.Duration
 	cmd := &cobra.Command{
@@ -63,7 +63,17 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			opts.Adopt, opts.DryRun, opts.Grace = adopt, dryRun, grace
 			var prog *progress
 			waiting := false
+			prof, err := startProfile(profileDir)
+			if err != nil {
+				return err
+			}
+			prof.mark("check")
+			phase := "check"
 			opts.OnProgress = func(ph string, done, total int) {
+				if ph != phase {
+					phase = ph
+					prof.mark(ph)
+				}
 				switch {
 				case ph == "delete":
 					if prog == nil {
@@ -89,6 +99,9 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			rep, err := fleet.Down(cmd.Context(), sel, opts, fleet.DownOptions{Wait: !noWait, Timeout: timeout})
 			if prog != nil {
 				prog.finish()
+			}
+			if perr := prof.finish(g.stderr); perr != nil {
+				fmt.Fprintln(g.stderr, "nsfleet: down: --profile:", perr)
 			}
 			what := "-f " + file
 			if file == "" {
@@ -119,6 +132,7 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long supervised processes get between SIGTERM and SIGKILL")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be deleted and change nothing")
 	cmd.Flags().StringVar(&progressMode, "progress", "auto", "progress display: auto, bar, plain, none")
+	cmd.Flags().StringVar(&profileDir, "profile", "", "sample kernel and nsfleet stacks (on- and off-CPU) into DIR, one range per phase (check, delete, wait)")
 	return cmd
 }
 

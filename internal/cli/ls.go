@@ -16,7 +16,7 @@ import (
 )
 
 func newLs(g *globals) *cobra.Command {
-	var file, prefix, output string
+	var file, prefix, output, profileDir string
 	cmd := &cobra.Command{
 		Use:   "ls [-f SPEC | --prefix P] [-o table|json]",
 		Short: "List namespaces with their links and whether they match the spec",
@@ -68,7 +68,16 @@ after '='.`,
 					opts.PinsOnly = true
 					fmt.Fprintf(g.stderr, "ls: without %s only names and pins can be read; state, links, drift and processes need root\n", strings.Join(missing, " and "))
 				}
-				if st, err = fleet.List(cmd.Context(), f, fleet.Selector{Prefix: prefix}, opts); err != nil {
+				prof, perr := startProfile(profileDir)
+				if perr != nil {
+					return perr
+				}
+				prof.mark("ls")
+				st, err = fleet.List(cmd.Context(), f, fleet.Selector{Prefix: prefix}, opts)
+				if perr := prof.finish(g.stderr); perr != nil {
+					fmt.Fprintln(g.stderr, "nsfleet: ls: --profile:", perr)
+				}
+				if err != nil {
 					return err
 				}
 			}
@@ -98,6 +107,7 @@ after '='.`,
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "compare with this spec and list its namespaces")
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only namespaces whose names start with P")
+	cmd.Flags().StringVar(&profileDir, "profile", "", "sample kernel and nsfleet stacks (on- and off-CPU) into DIR while reading")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	return cmd
 }

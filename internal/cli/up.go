@@ -17,7 +17,7 @@ import (
 func newUp(g *globals) *cobra.Command {
 	var file string
 	var dryRun, adopt, marks bool
-	var progressMode string
+	var progressMode, profileDir string
 	cmd := &cobra.Command{
 		Use:   "up -f SPEC",
 		Short: "Make the machine match a spec: create what is missing, repair drift",
@@ -71,8 +71,20 @@ summary and exits with code 130; the next up carries on.`,
 			prog := newProgress(g.stderr, verb, len(f.Namespaces), progressMode)
 			var failures []fleet.Result
 			errs := &errorLog{w: g.stderr}
+			prof, err := startProfile(profileDir)
+			if err != nil {
+				return err
+			}
+			prof.mark("0")
+			mark, done := opts.Mark, 0
+			if mark <= 0 {
+				mark = fleet.DefaultMark
+			}
 			opts.OnResult = func(r fleet.Result) {
 				prog.add(1)
+				if done++; done%mark == 0 {
+					prof.mark(fmt.Sprint(done))
+				}
 				if r.Err != nil {
 					failures = append(failures, r)
 					errs.print(prog, r.Err.Error())
@@ -86,6 +98,9 @@ summary and exits with code 130; the next up carries on.`,
 			}
 			sum, err := fleet.Up(cmd.Context(), f, opts)
 			prog.finish()
+			if perr := prof.finish(g.stderr); perr != nil {
+				fmt.Fprintln(g.stderr, "nsfleet: up: --profile:", perr)
+			}
 			errs.flush(g.stderr, verb, "-f "+file)
 			if err != nil {
 				return err
@@ -109,6 +124,7 @@ summary and exits with code 130; the next up carries on.`,
 	cmd.Flags().BoolVar(&adopt, "adopt", false, "take over matching namespaces that nsfleet did not make")
 	cmd.Flags().BoolVar(&marks, "marks", false, "print the rate of every 250 namespaces (the 2014 thread's marks)")
 	cmd.Flags().StringVar(&progressMode, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, plain, none")
+	cmd.Flags().StringVar(&profileDir, "profile", "", "sample kernel and nsfleet stacks (on- and off-CPU) into DIR: pprof profile, flame graphs per mark, top kernel functions")
 	return cmd
 }
 
