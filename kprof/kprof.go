@@ -150,6 +150,15 @@ func (p *Profiler) openSwitches(cpus int) error {
 		}
 		e.switch_ = true
 		evs = append(evs, e)
+		// Only switches in or out of a thread called as this process is:
+		// call chains of every other task's switches would cost more
+		// than all the rest of the profiler.
+		if err := setFilter(e.fd, p.switchFilter()); err != nil {
+			for _, e := range evs {
+				e.close()
+			}
+			return fmt.Errorf("sched_switch filter: %w", err)
+		}
 	}
 	p.events = append(p.events, evs...)
 	return nil
@@ -232,6 +241,7 @@ func (p *Profiler) Stop() (*Result, error) {
 	if r.syms, err = loadKallsyms(); err != nil {
 		r.Notes = append(r.Notes, "kernel symbols unreadable: "+err.Error())
 	}
+	r.dropIdleWaits()
 	r.comms = map[int]string{}
 	for _, s := range r.Samples {
 		if _, ok := r.comms[s.PID]; !ok {
@@ -555,4 +565,53 @@ func (s *symbols) lookup(a uint64) string {
 		return fmt.Sprintf("kernel 0x%x", a)
 	}
 	return s.name[i]
+}
+
+// switchFilter selects the switches of this process's threads by name
+// (Go does not rename its threads; other processes of the same name are
+// let through and left out later by their thread group).
+func (p *Profiler) switchFilter() string {
+	comm := commOf(p.self)
+	comm = strings.NewReplacer(`"`, "", `\`, "").Replace(comm)
+	return fmt.Sprintf(`prev_comm == "%s" || next_comm == "%s"`, comm, comm)
+}
+
+func setFilter(fd int, filter string) error {
+	b := append([]byte(filter), 0)
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(unix.PERF_EVENT_IOC_SET_FILTER), uintptr(unsafe.Pointer(&b[0])))
+	runtime.KeepAlive(b)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// dropIdleWaits leaves out off-CPU intervals spent in idle waits: the Go
+// runtime's (futex sleeps of parked threads, the network poller's
+// epoll_wait, sysmon's nanosleep) and the profiler's own poll. They say
+// that a thread had nothing to do, not what the work waited for.
+func (r *Result) dropIdleWaits() {
+	kept := r.Samples[:0]
+	dropped := 0
+	for _, s := range r.Samples {
+		if s.OffCPU > 0 && r.idleWait(&s) {
+			dropped++
+			continue
+		}
+		kept = append(kept, s)
+	}
+	r.Samples = kept
+	if dropped > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("%d off-CPU intervals in idle waits (futex, epoll_wait, nanosleep, poll) left out", dropped))
+	}
+}
+
+func (r *Result) idleWait(s *Sample) bool {
+	for i := 0; i < s.NKern; i++ {
+		switch r.syms.lookup(s.Stack[i]) {
+		case "__futex_wait", "futex_wait", "do_epoll_wait", "ep_poll", "do_nanosleep", "do_sys_poll":
+			return true
+		}
+	}
+	return false
 }

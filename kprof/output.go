@@ -103,23 +103,10 @@ type Share struct {
 }
 
 // Growth lists the kernel functions (self time: the leaf of on-CPU
-// samples) whose share of the samples grows most from the first range to
-// the last, at most n; only ranges with samples count.
+// samples) whose share of the samples grows most from the first range
+// with samples to the last, at most n.
 func (r *Result) Growth(n int) []Share {
-	per := map[int]map[string]int{}
-	totals := map[int]int{}
-	for i := range r.Samples {
-		s := &r.Samples[i]
-		if s.OffCPU > 0 || s.NKern == 0 || s.PID == 0 && s.TID == 0 {
-			continue // off-CPU, user leaf, or idle
-		}
-		k := r.rangeOf(s.Time)
-		if per[k] == nil {
-			per[k] = map[string]int{}
-		}
-		per[k][r.syms.lookup(s.Stack[0])]++
-		totals[k]++
-	}
+	counts, totals := r.leafCounts()
 	var ks []int
 	for k := range totals {
 		ks = append(ks, k)
@@ -128,7 +115,39 @@ func (r *Result) Growth(n int) []Share {
 		return nil
 	}
 	sort.Ints(ks)
-	first, last := ks[0], ks[len(ks)-1]
+	return growth(counts, totals, ks[0], ks[len(ks)-1], n)
+}
+
+// GrowthBetween is Growth from range a to range b.
+func (r *Result) GrowthBetween(a, b, n int) []Share {
+	counts, totals := r.leafCounts()
+	if totals[a] == 0 || totals[b] == 0 {
+		return nil
+	}
+	return growth(counts, totals, a, b, n)
+}
+
+// leafCounts counts on-CPU samples with a kernel leaf, per range and
+// function, leaving out the idle task.
+func (r *Result) leafCounts() (map[int]map[string]int, map[int]int) {
+	per := map[int]map[string]int{}
+	totals := map[int]int{}
+	for i := range r.Samples {
+		s := &r.Samples[i]
+		if s.OffCPU > 0 || s.NKern == 0 || s.PID == 0 && s.TID == 0 {
+			continue
+		}
+		k := r.rangeOf(s.Time)
+		if per[k] == nil {
+			per[k] = map[string]int{}
+		}
+		per[k][r.syms.lookup(s.Stack[0])]++
+		totals[k]++
+	}
+	return per, totals
+}
+
+func growth(per map[int]map[string]int, totals map[int]int, first, last, n int) []Share {
 	var out []Share
 	names := map[string]bool{}
 	for f := range per[first] {

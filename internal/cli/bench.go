@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/nsfleet/nsfleet/bench"
 	"github.com/nsfleet/nsfleet/bench/report"
 	"github.com/nsfleet/nsfleet/bench/results"
+	"github.com/nsfleet/nsfleet/kprof"
 	"github.com/spf13/cobra"
 )
 
@@ -18,7 +20,7 @@ func newBench(g *globals) *cobra.Command {
 	var o bench.Options
 	var engines, variants, output, db string
 	var noStore bool
-	var benchRunDir string
+	var benchRunDir, profileDir string
 	var idle, listeners, limit int
 	cmd := &cobra.Command{
 		Use:   "bench SCENARIO [flags] | bench list | bench compare A B | bench plot RUN... | bench report RUN...",
@@ -64,14 +66,30 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 				return usageError{fmt.Errorf("bench: --idle >= 0, --namespaces >= 1, --limit >= 2")}
 			}
 			prog := newProgress(g.stderr, "bench "+s.Name, 0, "plain")
+			prof, err := startProfile(profileDir)
+			if err != nil {
+				return err
+			}
+			marks := &benchMarks{}
 			o.Progress = func(config string, rep, done, total int) {
 				prog.verb = fmt.Sprintf("bench %s %s run %d", s.Name, config, rep+1)
 				if done < prog.done {
 					prog.done = 0
 				}
 				prog.set(done, total)
+				if prof != nil {
+					prof.mark(marks.add(config, rep, done, total))
+				}
 			}
 			run, err := bench.Execute(cmd.Context(), s, o)
+			if prof != nil {
+				r, perr := prof.finishResult(g.stderr)
+				if perr != nil {
+					fmt.Fprintln(g.stderr, "nsfleet: bench: --profile:", perr)
+				} else if run != nil {
+					marks.growth(g.stderr, r, run)
+				}
+			}
 			if run == nil {
 				return err
 			}
@@ -108,6 +126,7 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&profileDir, "profile", "", "sample kernel and nsfleet stacks into DIR, one range per mark: pprof profile, flame graphs, kernel functions whose share grows with N")
 	f.IntVarP(&o.N, "n", "n", 0, "how many (routers, pairs, iterations); 0: the scenario's default")
 	f.IntVar(&o.Mark, "mark", 0, "a mark every M; 0: the scenario's default")
 	f.IntVar(&o.Runs, "runs", 1, "repeat each configuration K times, each from a fresh state")
@@ -330,4 +349,61 @@ func benchReport(g *globals, db *string) *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "nsfleet-report.html", "HTML file to write")
 	return cmd
+}
+
+// benchMarks remembers which profile range is which configuration's mark.
+type benchMarks struct {
+	ranges []benchRange // index k+1 is profile range k+1 (range 0 is "start")
+}
+
+type benchRange struct {
+	config      string
+	rep         int
+	done, total int
+}
+
+func (b *benchMarks) add(config string, rep, done, total int) string {
+	b.ranges = append(b.ranges, benchRange{config, rep, done, total})
+	return fmt.Sprintf("%s run %d from %d", config, rep+1, done)
+}
+
+// growth prints, per configuration and run, the kernel functions whose
+// share grows most from its first mark to its last (the range after the
+// last mark is teardown and is left out), and notes them in the run.
+func (b *benchMarks) growth(w io.Writer, r *kprof.Result, run *bench.Run) {
+	type key struct {
+		config string
+		rep    int
+	}
+	first, last := map[key]int{}, map[key]int{}
+	var order []key
+	for i, br := range b.ranges {
+		k := key{br.config, br.rep}
+		idx := i + 1
+		if br.done >= br.total {
+			continue
+		}
+		if _, ok := first[k]; !ok {
+			first[k] = idx
+			order = append(order, k)
+		}
+		last[k] = idx
+	}
+	for _, k := range order {
+		if first[k] == last[k] {
+			continue
+		}
+		shares := r.GrowthBetween(first[k], last[k], 5)
+		if len(shares) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "profile: %s run %d: kernel functions whose share grows from mark %d to mark %d:\n",
+			k.config, k.rep+1, b.ranges[first[k]-1].done, b.ranges[last[k]-1].done)
+		var parts []string
+		for _, s := range shares {
+			fmt.Fprintf(w, "  %5.1f%% -> %5.1f%%  %s\n", 100*s.First, 100*s.Last, s.Function)
+			parts = append(parts, fmt.Sprintf("%s %.1f%%->%.1f%%", s.Function, 100*s.First, 100*s.Last))
+		}
+		run.Notes = append(run.Notes, fmt.Sprintf("profile %s run %d, growing kernel functions: %s", k.config, k.rep+1, strings.Join(parts, ", ")))
+	}
 }

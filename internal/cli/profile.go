@@ -43,13 +43,22 @@ var unsafeFile = regexp.MustCompile(`[^A-Za-z0-9_.-]+`)
 // finish stops sampling, writes DIR/profile.pb.gz, DIR/flame.svg and one
 // flame graph per range, and prints the top kernel functions (nil-safe).
 func (pr *profiling) finish(w io.Writer) error {
+	_, err := pr.finishResult(w)
+	return err
+}
+
+func (pr *profiling) finishResult(w io.Writer) (*kprof.Result, error) {
 	if pr == nil {
-		return nil
+		return nil, nil
 	}
 	r, err := pr.p.Stop()
 	if err != nil {
-		return err
+		return nil, err
 	}
+	return r, pr.write(w, r)
+}
+
+func (pr *profiling) write(w io.Writer, r *kprof.Result) error {
 	self := os.Getpid()
 	write := func(name string, fn func(io.Writer) error) error {
 		f, err := os.Create(filepath.Join(pr.dir, name))
