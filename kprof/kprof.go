@@ -78,9 +78,9 @@ type Profiler struct {
 }
 
 type event struct {
-	fd     int
-	mm     []byte
-	cpu    int
+	fd      int
+	mm      []byte
+	cpu     int
 	switch_ bool
 }
 
