@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/nsfleet/nsfleet/internal/nstest"
@@ -77,18 +78,29 @@ func TestChurn(t *testing.T) {
 func TestVeth(t *testing.T) {
 	nstest.RequireRoot(t)
 	s, _ := Lookup("veth")
-	r, err := Execute(context.Background(), s, Options{N: 40, Mark: 20, Variants: []string{"explicit", "kernel-names", "peer-moved"}})
+	r, err := Execute(context.Background(), s, Options{N: 40, Mark: 20, Variants: []string{"explicit", "kernel-names", "peer-moved", "dummy"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	seen := map[string]int{}
 	for _, x := range r.Samples {
-		seen[x.Config["variant"]+" "+x.Metric]++
+		seen[x.Config["engine"]+" "+x.Config["variant"]+" "+x.Metric]++
 	}
-	for _, want := range []string{"explicit create rate", "kernel-names create rate", "peer-moved create rate", "explicit delete one by one", "explicit delete by namespace exit"} {
+	// The thread's own method (ip's loop) runs as an engine, with the
+	// thread's cumulative figures; the dummy control runs or says why not.
+	for _, want := range []string{"native explicit create rate", "native kernel-names create rate", "native peer-moved create rate",
+		"native explicit delete one by one", "native explicit delete by namespace exit",
+		"iproute2 kernel-names create (cumulative)", "iproute2 kernel-names delete (cumulative)", "native kernel-names delete (cumulative)"} {
 		if seen[want] == 0 {
 			t.Errorf("no %q sample: %v", want, seen)
 		}
+	}
+	dummy := seen["native dummy create (cumulative)"] > 0
+	for _, sk := range r.Skipped {
+		dummy = dummy || strings.Contains(sk, "variant=dummy: this kernel has no dummy device")
+	}
+	if !dummy {
+		t.Errorf("dummy neither ran nor was skipped with a reason: %v", r.Skipped)
 	}
 }
 

@@ -1,8 +1,12 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os/exec"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/nsfleet/nsfleet/netns"
@@ -13,41 +17,100 @@ import (
 // timed every mark, with explicit vs kernel-chosen names, the peer created
 // in its namespace vs created beside and moved, the kernel's default queue
 // count vs one queue, and deleting them one by one vs by namespace exit.
+// The thread's own method is the iproute2 engine (one `ip link add type
+// veth` process per pair, then one `ip link del` per pair, cumulative
+// times as the thread's table has them), and the dummy device is the
+// control the thread's reply asked for.
 //
 // It works between two throwaway namespaces ("host" A and "peer" B), so
-// none of its links ever appears in nsfleet's own namespace.
+// none of its links ever appears in nsfleet's own namespace; the iproute2
+// engine's processes run inside A.
 type veth struct{}
 
 func init() {
 	register(&Scenario{
 		Name:     "veth",
-		Describe: "thread 002: N veth pairs, pairs/s per mark; names, peer placement, queues; delete one by one vs namespace exit",
+		Describe: "thread 002: N veth pairs, pairs/s and cumulative s per mark; names, peer placement, queues, dummy control; ip's loop as an engine",
 		N:        2000,
 		Mark:     100,
-		Engines:  []string{"native"},
-		Variants: []string{"explicit", "kernel-names", "peer-moved", "default-queues"},
-		Keys:     []string{"variant"},
+		Engines:  []string{"native", "iproute2"},
+		Variants: []string{"explicit", "kernel-names", "peer-moved", "default-queues", "dummy"},
+		Keys:     []string{"engine", "variant"},
 		Run:      veth{}.Run,
 	})
 }
 
+// vethIproute2 are the variants the thread's shell loop has a form for.
+var vethIproute2 = map[string]bool{"kernel-names": true, "dummy": true}
+
 func (v veth) Run(ctx context.Context, o Options, run *Run) error {
-	variants := o.Variants
 	run.Notes = append(run.Notes,
 		"explicit: names given, peer created inside B, one queue per end (what nsfleet does)",
 		"default-queues: as explicit but with the kernel's queue count, like ip link add (veth then cuts it to 1, waiting for grace periods)",
-		"delete metrics are measured after the explicit variant: one RTM_DELLINK per pair, vs dropping B and waiting until A's ends are gone")
-	for _, variant := range variants {
-		for rep := 0; rep < o.Runs; rep++ {
-			if ctx.Err() != nil {
-				return ctx.Err()
+		"delete metrics of explicit: one RTM_DELLINK per pair for half, then dropping B for the rest; kernel-names and dummy delete all one by one, as the thread did",
+		"engine=iproute2 is the thread's loop: one `ip link add type veth` (or `type dummy`) process per device inside A, then one `ip link del` each")
+	dummyOK := ""
+	for _, eng := range o.Engines {
+		if why := engineMissing(eng); why != "" {
+			run.Skipped = append(run.Skipped, "engine="+eng+": "+why)
+			continue
+		}
+		for _, variant := range o.Variants {
+			cfg := map[string]string{"engine": eng, "variant": variant}
+			if eng == "iproute2" && !vethIproute2[variant] {
+				run.Skipped = append(run.Skipped, ConfigKey(cfg, run.Keys)+": the thread's loop has no such form (only kernel-names and dummy)")
+				continue
 			}
-			cfg := map[string]string{"variant": variant}
-			o.Log.Info("run", "variant", variant, "rep", rep+1)
-			if err := v.once(ctx, o, cfg, rep, run); err != nil {
-				return fmt.Errorf("variant=%s: %w", variant, err)
+			if variant == "dummy" {
+				if dummyOK == "" {
+					dummyOK = dummySupported()
+				}
+				if dummyOK != "yes" {
+					run.Skipped = append(run.Skipped, ConfigKey(cfg, run.Keys)+": "+dummyOK)
+					continue
+				}
+			}
+			for rep := 0; rep < o.Runs; rep++ {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				o.Log.Info("run", "engine", eng, "variant", variant, "rep", rep+1)
+				if err := v.once(ctx, o, cfg, rep, run); err != nil {
+					return fmt.Errorf("%s: %w", ConfigKey(cfg, run.Keys), err)
+				}
 			}
 		}
+	}
+	return nil
+}
+
+// dummySupported tries one dummy device in a throwaway namespace.
+func dummySupported() string {
+	ns, err := netns.Create(func(*netns.NS) error {
+		c, err := rtnl.OpenLite()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return c.AddDevice("dummy", "d0")
+	})
+	if err != nil {
+		return "this kernel has no dummy device (CONFIG_DUMMY; try modprobe dummy): " + err.Error()
+	}
+	ns.Close()
+	return "yes"
+}
+
+// ipIn runs ip(8) with args inside ns, as the thread's loop ran it.
+func ipIn(ns *netns.NS, args ...string) error {
+	cmd := exec.Command("ip", args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := netns.StartIn(cmd, ns, ""); err != nil {
+		return err
+	}
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return nil
 }
@@ -68,46 +131,114 @@ func (v veth) once(ctx context.Context, o Options, cfg map[string]string, rep in
 		return err
 	}
 	defer c.Close()
-	variant := cfg["variant"]
-	last := time.Now()
+	variant, ip := cfg["variant"], cfg["engine"] == "iproute2"
+	kind := "veth"
+	if variant == "dummy" {
+		kind = "dummy"
+	}
+	sample := func(mark int, metric, unit, better string, value float64) {
+		run.Samples = append(run.Samples, Sample{Config: cfg, Mark: mark, Metric: metric, Unit: unit, Better: better, Rep: rep, Value: value})
+	}
+	start := time.Now()
+	last := start
 	for i := 1; i <= o.N; i++ {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		p := rtnl.VethPair{Host: fmt.Sprintf("h%d", i), Peer: fmt.Sprintf("p%d", i), PeerNsFd: b.Fd()}
-		switch variant {
-		case "kernel-names":
-			p.Host, p.Peer = "", ""
-		case "default-queues":
-			p.Queues = -1
-		case "peer-moved":
-			p.PeerNsFd = -1
-		}
-		if err := c.AddVeth(p); err != nil {
-			return err
-		}
-		if variant == "peer-moved" {
-			l, err := c.LinkByName(p.Peer)
-			if err != nil {
+		switch {
+		case ip:
+			if err := ipIn(a, "link", "add", "type", kind); err != nil {
 				return err
 			}
-			if err := c.MoveLink(l.Index, b.Fd()); err != nil {
+		case variant == "dummy":
+			if err := c.AddDevice("dummy", fmt.Sprintf("d%d", i)); err != nil {
+				return err
+			}
+		default:
+			if err := v.addPair(c, b, variant, i); err != nil {
 				return err
 			}
 		}
 		if i%o.Mark == 0 {
 			now := time.Now()
-			run.Samples = append(run.Samples, Sample{Config: cfg, Mark: i, Metric: "create rate", Unit: "pairs/s", Better: "higher", Rep: rep, Value: float64(o.Mark) / now.Sub(last).Seconds()})
+			sample(i, "create rate", "pairs/s", "higher", float64(o.Mark)/now.Sub(last).Seconds())
+			sample(i, "create (cumulative)", "s", "lower", now.Sub(start).Seconds())
 			last = now
 			if o.Progress != nil {
 				o.Progress(ConfigKey(cfg, run.Keys), rep, i, o.N)
 			}
 		}
 	}
-	if variant != "explicit" {
-		return nil // the namespaces go when a and b are closed
+	switch variant {
+	case "explicit":
+		return v.deleteHalfAndHalf(c, b, cfg, rep, run)
+	case "kernel-names", "dummy":
+		return v.deleteOneByOne(ctx, o, c, a, kind, ip, sample)
 	}
-	// Deleting: the first half one by one, the second half by dropping B.
+	return nil // the namespaces go when a and b are closed
+}
+
+func (v veth) addPair(c *rtnl.Conn, b *netns.NS, variant string, i int) error {
+	p := rtnl.VethPair{Host: fmt.Sprintf("h%d", i), Peer: fmt.Sprintf("p%d", i), PeerNsFd: b.Fd()}
+	switch variant {
+	case "kernel-names":
+		p.Host, p.Peer = "", ""
+	case "default-queues":
+		p.Queues = -1
+	case "peer-moved":
+		p.PeerNsFd = -1
+	}
+	if err := c.AddVeth(p); err != nil {
+		return err
+	}
+	if variant == "peer-moved" {
+		l, err := c.LinkByName(p.Peer)
+		if err != nil {
+			return err
+		}
+		return c.MoveLink(l.Index, b.Fd())
+	}
+	return nil
+}
+
+// deleteOneByOne deletes every device of kind in A, oldest first, one
+// request (or one ip process) each, timing the cumulative seconds at each
+// mark as the thread's table has them.
+func (v veth) deleteOneByOne(ctx context.Context, o Options, c *rtnl.Conn, a *netns.NS, kind string, ip bool, sample func(int, string, string, string, float64)) error {
+	links, err := c.Links()
+	if err != nil {
+		return err
+	}
+	var devs []rtnl.Link
+	for _, l := range links {
+		if l.Type == kind && (kind != "veth" || l.PeerIndex < l.Index || l.PeerNsID >= 0) {
+			devs = append(devs, l) // a pair counts once: by its first end
+		}
+	}
+	sort.Slice(devs, func(i, j int) bool { return devs[i].Index < devs[j].Index })
+	start := time.Now()
+	for k, l := range devs {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if ip {
+			err = ipIn(a, "link", "del", l.Name)
+		} else {
+			err = c.DeleteLink(l.Index)
+		}
+		if err != nil {
+			return err
+		}
+		if n := k + 1; n%o.Mark == 0 {
+			sample(n, "delete (cumulative)", "s", "lower", time.Since(start).Seconds())
+		}
+	}
+	return nil
+}
+
+// deleteHalfAndHalf deletes the first half one by one and the rest by
+// dropping B, whose exit takes its peers and so the pairs with it.
+func (v veth) deleteHalfAndHalf(c *rtnl.Conn, b *netns.NS, cfg map[string]string, rep int, run *Run) error {
 	links, err := c.Links()
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"github.com/nsfleet/nsfleet/rtnl"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/nsfleet/nsfleet/sysctl"
+	"golang.org/x/sys/unix"
 )
 
 // Up makes the machine match f: it creates the namespaces that are missing,
@@ -289,25 +290,40 @@ func (w *worker) up(ns *spec.Namespace, pin *netns.PinInfo) Result {
 			return fail(fmt.Errorf("pin %s: something other than a namespace is mounted on it", w.rd.PinPath(ns.Name)))
 		}
 	}
-	// Missing, or a pin file left without its mount: create.
-	for _, v := range ns.Veths {
-		if _, taken, err := w.snap.dev.Index(v.Host); err != nil {
-			return fail(err)
-		} else if taken {
-			kind := ""
-			if l, err := w.host.LinkByName(v.Host); err == nil {
-				kind = " (type " + l.Type + ")"
-			}
-			return fail(&Conflict{Reason: fmt.Sprintf("veth %s/%s: host interface %s already exists%s and is not this new namespace's", v.Host, v.Peer, v.Host, kind)})
-		}
-	}
+	// Missing, or a pin file left without its mount: create. A host name
+	// in the way is found by the kernel (EEXIST) and explained then: a
+	// lookup beforehand would walk a name-hash chain per veth for nothing.
 	if w.opts.DryRun {
+		for _, v := range ns.Veths {
+			if c := w.hostNameTaken(v); c != nil {
+				return fail(c)
+			}
+		}
 		return Result{Name: ns.Name, Action: WouldCreate, Fixes: describeCreate(ns)}
 	}
 	if err := w.create(ns); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			for _, v := range ns.Veths {
+				if c := w.hostNameTaken(v); c != nil {
+					return fail(c)
+				}
+			}
+		}
 		return fail(err)
 	}
 	return Result{Name: ns.Name, Action: Created, Fixes: describeCreate(ns)}
+}
+
+// hostNameTaken explains a host veth name held by another link.
+func (w *worker) hostNameTaken(v spec.Veth) *Conflict {
+	if _, taken, err := w.snap.dev.Index(v.Host); err != nil || !taken {
+		return nil
+	}
+	kind := ""
+	if l, err := w.host.LinkByName(v.Host); err == nil {
+		kind = " (type " + l.Type + ")"
+	}
+	return &Conflict{Reason: fmt.Sprintf("veth %s/%s: host interface %s already exists%s and is not this new namespace's", v.Host, v.Peer, v.Host, kind)}
 }
 
 // startProcesses starts the namespace's processes that are not running.

@@ -470,3 +470,20 @@ func (c *Conn) NsID(fd int) (int, error) {
 	}
 	return -1, errors.New("get nsid: no id in the reply")
 }
+
+// AddDevice creates a link of a kind that needs no parameters (dummy,
+// the veth scenario's control); an empty name lets the kernel choose.
+func (c *Conn) AddDevice(kind, name string) error {
+	req := c.request(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
+	if name != "" {
+		req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
+	}
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated(kind))
+	req.AddData(info)
+	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+		return fmt.Errorf("%s %s: %w", kind, name, err)
+	}
+	return nil
+}

@@ -19,7 +19,7 @@ import (
 func newBench(g *globals) *cobra.Command {
 	var o bench.Options
 	var engines, variants, output, db string
-	var noStore bool
+	var noStore, seedTable bool
 	var benchRunDir, profileDir string
 	var idle, listeners, limit int
 	cmd := &cobra.Command{
@@ -119,6 +119,9 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 			default:
 				werr = report.WriteTable(g.stdout, run)
 			}
+			if seedTable && werr == nil {
+				werr = writeSeedTables(g, s.Name, run, output)
+			}
 			if err != nil {
 				return &exitError{code: ExitFailed}
 			}
@@ -126,6 +129,7 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 		},
 	}
 	f := cmd.Flags()
+	f.BoolVar(&seedTable, "seed-table", false, "print the source thread's published table beside this machine's figures, in the thread's shape")
 	f.StringVar(&profileDir, "profile", "", "sample kernel and nsfleet stacks into DIR, one range per mark: pprof profile, flame graphs, kernel functions whose share grows with N")
 	f.IntVarP(&o.N, "n", "n", 0, "how many (routers, pairs, iterations); 0: the scenario's default")
 	f.IntVar(&o.Mark, "mark", 0, "a mark every M; 0: the scenario's default")
@@ -406,4 +410,27 @@ func (b *benchMarks) growth(w io.Writer, r *kprof.Result, run *bench.Run) {
 		}
 		run.Notes = append(run.Notes, fmt.Sprintf("profile %s run %d, growing kernel functions: %s", k.config, k.rep+1, strings.Join(parts, ", ")))
 	}
+}
+
+// writeSeedTables prints the scenario's seed tables after a table output.
+func writeSeedTables(g *globals, scenario string, run *bench.Run, output string) error {
+	seeds, err := bench.Seeds(scenario)
+	if err != nil {
+		return err
+	}
+	if len(seeds) == 0 {
+		fmt.Fprintf(g.stderr, "bench: --seed-table: no published table of %s's thread is typed in yet\n", scenario)
+		return nil
+	}
+	if output != "table" {
+		fmt.Fprintln(g.stderr, "bench: --seed-table goes with -o table; left out")
+		return nil
+	}
+	for _, s := range seeds {
+		fmt.Fprintln(g.stdout)
+		if err := bench.WriteSeedTable(g.stdout, s, run); err != nil {
+			return err
+		}
+	}
+	return nil
 }
