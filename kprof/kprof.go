@@ -78,10 +78,10 @@ type Profiler struct {
 }
 
 type event struct {
-	fd      int
-	mm      []byte
-	cpu     int
-	switch_ bool
+	fd     int
+	mm     []byte
+	cpu    int
+	offCPU bool // a sched_switch event, not cpu-clock
 }
 
 func now() time.Duration {
@@ -148,7 +148,7 @@ func (p *Profiler) openSwitches(cpus int) error {
 			}
 			return fmt.Errorf("sched_switch on CPU %d: %w", cpu, err)
 		}
-		e.switch_ = true
+		e.offCPU = true
 		evs = append(evs, e)
 		// Only switches in or out of a thread called as this process is:
 		// call chains of every other task's switches would cost more
@@ -365,7 +365,7 @@ func (p *Profiler) sample(e *event, b []byte) {
 		}
 	}
 	b = b[nr*8:]
-	if !e.switch_ {
+	if !e.offCPU {
 		p.mu.Lock()
 		p.samples = append(p.samples, s)
 		p.mu.Unlock()
