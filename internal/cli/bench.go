@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,7 +21,7 @@ func newBench(g *globals) *cobra.Command {
 	var o bench.Options
 	var engines, variants, output, db string
 	var noStore, seedTable bool
-	var benchRunDir, profileDir string
+	var benchRunDir, profileDir, progressMode string
 	var idle, listeners, limit int
 	cmd := &cobra.Command{
 		Use:   "bench SCENARIO [flags] | bench list | bench compare A B | bench plot RUN... | bench report RUN...",
@@ -65,16 +66,28 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 			if idle < 0 || listeners < 1 || limit < 2 {
 				return usageError{fmt.Errorf("bench: --idle >= 0, --namespaces >= 1, --limit >= 2")}
 			}
-			prog := newProgress(g.stderr, "bench "+s.Name, 0, "plain")
+			if !g.verbose {
+				// The progress display says what runs; the log only what
+				// goes wrong (-v: every run too).
+				o.Log = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			}
 			prof, err := startProfile(profileDir)
 			if err != nil {
 				return err
 			}
 			marks := &benchMarks{}
+			var prog *progress
+			current := ""
+			runs := max(o.Runs, 1)
 			o.Progress = func(config string, rep, done, total int) {
-				prog.verb = fmt.Sprintf("bench %s %s run %d", s.Name, config, rep+1)
-				if done < prog.done {
-					prog.done = 0
+				// One display per configuration and run: a bar with rate
+				// and ETA on a terminal, a line every few seconds otherwise.
+				if key := fmt.Sprint(config, rep); key != current {
+					if prog != nil {
+						prog.finish()
+					}
+					current = key
+					prog = newProgress(g.stderr, fmt.Sprintf("bench %s %s run %d/%d", s.Name, config, rep+1, runs), total, progressMode)
 				}
 				prog.set(done, total)
 				if prof != nil {
@@ -82,6 +95,9 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 				}
 			}
 			run, err := bench.Execute(cmd.Context(), s, o)
+			if prog != nil {
+				prog.finish()
+			}
 			if prof != nil {
 				r, perr := prof.finishResult(g.stderr)
 				if perr != nil {
@@ -129,6 +145,7 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&progressMode, "progress", "auto", "progress display: auto (a bar per configuration and run with rate and ETA on a terminal, plain lines otherwise), bar, plain, none")
 	f.BoolVar(&seedTable, "seed-table", false, "print the source thread's published table beside this machine's figures, in the thread's shape")
 	f.StringVar(&profileDir, "profile", "", "sample kernel and nsfleet stacks into DIR, one range per mark: pprof profile, flame graphs, kernel functions whose share grows with N")
 	f.IntVarP(&o.N, "n", "n", 0, "how many (routers, pairs, iterations); 0: the scenario's default")
