@@ -164,8 +164,17 @@ func TestUevent(t *testing.T) {
 			}
 		}
 	}
-	if n != 3 {
-		t.Fatalf("%d p50 samples, want 3 (listeners, in a user namespace, none); skipped %v", n, r.Skipped)
+	if n != 6 {
+		t.Fatalf("%d p50 samples, want 6 (listeners, in a user namespace, none, and the thread's three cases); skipped %v", n, r.Skipped)
+	}
+	ci := 0
+	for _, x := range r.Samples {
+		if strings.HasPrefix(x.Config["listeners"], "thread-") && x.Metric == "transaction time mean 95% CI half-width" && x.Value > 0 {
+			ci++
+		}
+	}
+	if ci != 3 {
+		t.Errorf("%d thread cases with a confidence interval, want 3", ci)
 	}
 	if left := nstest.HostLinks(t, p); len(left) > 0 {
 		t.Fatalf("left behind: %v", left)

@@ -26,15 +26,21 @@ type Seed struct {
 	Method   string            `json:"method"`
 	Config   map[string]string `json:"config"` // the configuration that runs the thread's method
 	X        string            `json:"x"`      // the first column: the mark
-	Columns  []SeedColumn      `json:"columns"`
-	Rows     [][]float64       `json:"rows"` // x, then one value per column
+	// XParam, if set, names the run parameter that x is (uevent: the
+	// number of namespaces); rows then match the run's figures whatever
+	// their mark, when the run's parameter equals x.
+	XParam  string       `json:"x_param,omitempty"`
+	Columns []SeedColumn `json:"columns"`
+	Rows    [][]float64  `json:"rows"` // x, then one value per column
 }
 
 // SeedColumn is one column of the thread's table and the metric that
-// measures the same thing here.
+// measures the same thing here ("": nothing here does, e.g. the figure of
+// a kernel before a patch).
 type SeedColumn struct {
 	Title  string `json:"title"`
 	Metric string `json:"metric"`
+	Here   string `json:"here,omitempty"` // this machine's column title; "": Title
 }
 
 //go:embed seeds/*.json
@@ -128,7 +134,13 @@ func WriteSeedTable(w io.Writer, s *Seed, run *Run) error {
 		fmt.Fprintf(tw, "thread: %s\t", c.Title)
 	}
 	for _, c := range s.Columns {
-		fmt.Fprintf(tw, "here: %s\t", c.Title)
+		if c.Metric != "" {
+			title := c.Here
+			if title == "" {
+				title = c.Title
+			}
+			fmt.Fprintf(tw, "here: %s\t", title)
+		}
 	}
 	fmt.Fprintln(tw)
 	means := map[string]map[int][]float64{}
@@ -153,7 +165,18 @@ func WriteSeedTable(w io.Writer, s *Seed, run *Run) error {
 			fmt.Fprintf(tw, "%s\t", strconv.FormatFloat(v, 'g', 6, 64))
 		}
 		for _, c := range s.Columns {
+			if c.Metric == "" {
+				continue
+			}
 			vs := means[c.Metric][int(r[0])]
+			if s.XParam != "" {
+				vs = nil
+				if run.Params[s.XParam] == strconv.FormatFloat(r[0], 'f', -1, 64) {
+					for _, byMark := range means[c.Metric] {
+						vs = append(vs, byMark...)
+					}
+				}
+			}
 			if len(vs) == 0 {
 				fmt.Fprint(tw, "-\t")
 				continue

@@ -17,8 +17,14 @@ func TestSeedsMatchTheirScenarios(t *testing.T) {
 		t.Fatal("no seed tables")
 	}
 	for _, s := range all {
-		if s.Config["engine"] == "" {
-			t.Errorf("%s: the thread's method must be an engine", s.Scenario)
+		sc, _ := Lookup(s.Scenario)
+		if len(sc.Engines) > 1 && s.Config["engine"] == "" {
+			t.Errorf("%s: the scenario has engines; the seed must name the one that runs the thread's method", s.Scenario)
+		}
+		for _, k := range sc.Keys {
+			if s.Config[k] == "" {
+				t.Errorf("%s: seed config lacks %q (of the scenario's keys %v)", s.Scenario, k, sc.Keys)
+			}
 		}
 	}
 }

@@ -34,7 +34,7 @@ func init() {
 		N:        10000,
 		Mark:     10000,
 		Engines:  []string{"native"},
-		Variants: []string{"listeners", "userns-listeners", "no-listeners"},
+		Variants: []string{"listeners", "userns-listeners", "no-listeners", "thread-1", "thread-2", "thread-3"},
 		Keys:     []string{"listeners"},
 		Run:      uevent{}.Run,
 	})
@@ -47,7 +47,8 @@ func (u uevent) Run(ctx context.Context, o Options, run *Run) error {
 	variants := o.Variants
 	run.Params["namespaces"] = fmt.Sprint(UeventNamespaces)
 	run.Notes = append(run.Notes, "uevents are injected on a veth the scenario makes in nsfleet's namespace (name "+o.Prefix+"u0) and removes afterwards",
-		"userns-listeners: the K namespaces (and their listeners) are owned by a user namespace of their own; the kernel sends them no untagged uevents")
+		"userns-listeners: the K namespaces (and their listeners) are owned by a user namespace of their own; the kernel sends them no untagged uevents",
+		"thread-1/2/3: the thread's cases, N uevents injected round-robin INTO each of the K namespaces (sent on a NETLINK_KOBJECT_UEVENT socket opened inside it, Linux 4.17+): 1) all owned by a user namespace, with listeners; 2) half userns-owned, half init-owned, with listeners; 3) as 2 without listeners. The thread used K=1000 and 10,000 per namespace (-n 10000000 --namespaces 1000); its userns-owned namespaces had one user namespace each, here they share one")
 	host, err := rtnl.OpenLite()
 	if err != nil {
 		return err
@@ -74,6 +75,13 @@ func (u uevent) Run(ctx context.Context, o Options, run *Run) error {
 			}
 			cfg := map[string]string{"listeners": map[string]string{"listeners": fmt.Sprint(UeventNamespaces), "userns-listeners": fmt.Sprint(UeventNamespaces) + "-in-userns", "no-listeners": "0"}[v]}
 			o.Log.Info("run", "variant", v, "rep", rep+1)
+			if _, ok := ueventThreadCases[v]; ok {
+				cfg = map[string]string{"listeners": v}
+				if err := u.threadCase(ctx, o, v, cfg, rep, run); err != nil {
+					return fmt.Errorf("variant=%s: %w", v, err)
+				}
+				continue
+			}
 			if v == "userns-listeners" {
 				stop, err := usernsListeners(ctx, UeventNamespaces)
 				if err != nil {
@@ -171,32 +179,74 @@ func drain(socks []int) {
 	}
 }
 
+// drainWait waits up to 100 ms for any of socks to have data, then drains.
+func drainWait(socks []int) {
+	if len(socks) == 0 {
+		time.Sleep(time.Second)
+		return
+	}
+	fds := make([]unix.PollFd, len(socks))
+	for i, s := range socks {
+		fds[i] = unix.PollFd{Fd: int32(s), Events: unix.POLLIN}
+	}
+	unix.Poll(fds, 100)
+	drain(socks)
+}
+
 // UeventHelperArg makes nsfleet (or a test binary) hold K listening
 // namespaces in a user namespace of its own.
 const UeventHelperArg = "__nsfleet-uevent-helper"
 
 // usernsListeners starts the helper and waits until its K namespaces listen.
 func usernsListeners(ctx context.Context, k int) (stop func(), err error) {
-	cmd := exec.CommandContext(ctx, "/proc/self/exe", UeventHelperArg, fmt.Sprint(k))
+	stop, _, err = usernsNamespaces(ctx, k, true)
+	return stop, err
+}
+
+// usernsNamespaces starts the helper with K network namespaces owned by a
+// user namespace of its own, each with a bound uevent listener or none,
+// and returns handles on them (opened through the helper's descriptors).
+func usernsNamespaces(ctx context.Context, k int, listen bool) (stop func(), nss []*netns.NS, err error) {
+	mode := "listen"
+	if !listen {
+		mode = "quiet"
+	}
+	cmd := exec.CommandContext(ctx, "/proc/self/exe", UeventHelperArg, fmt.Sprint(k), mode)
 	cmd.SysProcAttr = ownUserNamespace()
 	in, err := cmd.StdinPipe()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("user namespace helper: %w", err)
+		return nil, nil, fmt.Errorf("user namespace helper: %w", err)
 	}
-	stop = func() { in.Close(); cmd.Process.Kill(); cmd.Wait() }
+	stop = func() {
+		for _, h := range nss {
+			h.Close()
+		}
+		in.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
 	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || strings.TrimSpace(line) != "ready" {
+	fields := strings.Fields(line)
+	if err != nil || len(fields) == 0 || fields[0] != "ready" {
 		stop()
-		return nil, fmt.Errorf("user namespace helper: %q %v", line, err)
+		return nil, nil, fmt.Errorf("user namespace helper: %q %v", line, err)
 	}
-	return stop, nil
+	for _, fd := range fields[1:] {
+		h, err := netns.OpenPath(fmt.Sprintf("/proc/%d/fd/%s", cmd.Process.Pid, fd))
+		if err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("user namespace helper's namespace: %w", err)
+		}
+		nss = append(nss, h)
+	}
+	return stop, nss, nil
 }
 
 // UeventHelperMain holds K network namespaces, each with a bound uevent
@@ -206,13 +256,27 @@ func UeventHelperMain(args []string) {
 	if err != nil || k < 1 {
 		os.Exit(2)
 	}
+	listen := len(args) < 2 || args[1] != "quiet"
 	runtime.LockOSThread()
+	var fds []string
+	var socks []int
 	for i := 0; i < k; i++ {
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 			fmt.Println("unshare:", err)
 			os.Exit(1)
 		}
-		s, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_KOBJECT_UEVENT)
+		// Held open, the descriptor keeps the namespace alive after the
+		// next unshare and lets the parent open it (/proc/PID/fd/N).
+		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY, 0)
+		if err != nil {
+			fmt.Println("open namespace:", err)
+			os.Exit(1)
+		}
+		fds = append(fds, strconv.Itoa(fd))
+		if !listen {
+			continue
+		}
+		s, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_KOBJECT_UEVENT)
 		if err == nil {
 			err = unix.Bind(s, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1})
 		}
@@ -220,9 +284,16 @@ func UeventHelperMain(args []string) {
 			fmt.Println("listener:", err)
 			os.Exit(1)
 		}
-		// The socket keeps its namespace alive after the next unshare.
+		socks = append(socks, s)
 	}
-	fmt.Println("ready")
+	// Read what arrives, as a real listener does: a full queue drops
+	// messages, which costs the sender less and would flatter the numbers.
+	go func() {
+		for {
+			drainWait(socks)
+		}
+	}()
+	fmt.Println("ready", strings.Join(fds, " "))
 	io.Copy(io.Discard, os.Stdin)
 	os.Exit(0)
 }
