@@ -436,7 +436,14 @@ func writeSeedTables(g *globals, scenario string, run *bench.Run, output string)
 		return err
 	}
 	if len(seeds) == 0 {
-		fmt.Fprintf(g.stderr, "bench: --seed-table: no published table of %s's thread is typed in yet\n", scenario)
+		why := map[string]string{
+			"churn":    "thread 004 published stacks and the ENOSPC failure, not a table of figures",
+			"failover": "the 2014 thread published creation rates (see fake-router's seed tables), not failover times",
+		}[scenario]
+		if why == "" {
+			why = "none is typed in yet"
+		}
+		fmt.Fprintf(g.stderr, "bench: --seed-table: no published table for %s: %s\n", scenario, why)
 		return nil
 	}
 	if output != "table" {
@@ -444,10 +451,28 @@ func writeSeedTables(g *globals, scenario string, run *bench.Run, output string)
 		return nil
 	}
 	for _, s := range seeds {
+		if !ranConfig(run, s.Config) {
+			fmt.Fprintf(g.stderr, "bench: --seed-table: thread %s's %q needs %s, which this run did not run\n", s.Thread, s.Title, bench.ConfigKey(s.Config, run.Keys))
+			continue
+		}
 		fmt.Fprintln(g.stdout)
 		if err := bench.WriteSeedTable(g.stdout, s, run); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// ranConfig reports whether run has a sample of the configuration.
+func ranConfig(run *bench.Run, cfg map[string]string) bool {
+	for _, x := range run.Samples {
+		match := true
+		for k, v := range cfg {
+			match = match && x.Config[k] == v
+		}
+		if match {
+			return true
+		}
+	}
+	return false
 }
