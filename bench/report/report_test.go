@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"math"
 	"strings"
@@ -93,8 +94,11 @@ func TestPlotAndReport(t *testing.T) {
 	if err := Plot(&svg, []*bench.Run{r}, "rate", "svg"); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(svg.String(), "<svg") || !strings.Contains(svg.String(), "engine=native/variant=add") {
-		t.Fatal("svg lacks the plot or its direct labels")
+	for _, want := range []string{"<svg", "variant=add", "engine=native", "engine=iproute2", "log scale"} {
+		// 1000/s against 20/s: a span of 50x, so the rate axis is logarithmic.
+		if !strings.Contains(svg.String(), want) {
+			t.Errorf("svg lacks %q", want)
+		}
 	}
 	var png bytes.Buffer
 	if err := Plot(&png, []*bench.Run{r}, "rate", "png"); err != nil || !bytes.HasPrefix(png.Bytes(), []byte("\x89PNG")) {
@@ -103,6 +107,40 @@ func TestPlotAndReport(t *testing.T) {
 	var html bytes.Buffer
 	if err := WriteReport(&html, []*bench.Run{r}); err != nil || !strings.Contains(html.String(), "<svg") {
 		t.Fatalf("report: %v", err)
+	}
+}
+
+// TestPlotSmallMultiples: four engines by five variants give five panels
+// of four lines on the same axes, never two lines of one style in a
+// panel, and too many lines for distinct styles is refused.
+func TestPlotSmallMultiples(t *testing.T) {
+	many := func(engines, variants int) *bench.Run {
+		r := &bench.Run{ID: "20261130-000000-abcd", Scenario: "fake-router", Keys: []string{"engine", "variant"}}
+		for e := 0; e < engines; e++ {
+			for v := 0; v < variants; v++ {
+				for _, m := range []int{250, 500} {
+					r.Samples = append(r.Samples, bench.Sample{Config: map[string]string{"engine": fmt.Sprint("e", e), "variant": fmt.Sprint("v", v)},
+						Mark: m, Metric: "rate", Unit: "routers/s", Value: float64(10 + e + v)})
+				}
+			}
+		}
+		return r
+	}
+	var svg bytes.Buffer
+	if err := Plot(&svg, []*bench.Run{many(4, 5)}, "rate", "svg"); err != nil {
+		t.Fatal(err)
+	}
+	out := svg.String()
+	for v := 0; v < 5; v++ {
+		if !strings.Contains(out, fmt.Sprint("variant=v", v)) {
+			t.Errorf("no panel for variant=v%d", v)
+		}
+	}
+	if strings.Contains(out, "log scale") {
+		t.Error("10 to 18 routers/s is not a 10x span: the axis must stay linear")
+	}
+	if err := Plot(&svg, []*bench.Run{many(41, 1)}, "rate", "svg"); err == nil || !strings.Contains(err.Error(), "distinct colour and dash pairs") {
+		t.Errorf("41 lines in one panel: %v", err)
 	}
 }
 
