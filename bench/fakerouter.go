@@ -14,7 +14,6 @@ import (
 	"github.com/nsfleet/nsfleet/fleet"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/spec"
-	"golang.org/x/sys/unix"
 )
 
 // fakeRouter reproduces thread 000 (docs/BACKGROUND.md): Neutron's "fake routers"
@@ -188,7 +187,7 @@ func cleanupSystem(prefix string) {
 
 // external runs an engine that is another program, timing every mark.
 func (f fakeRouter) external(ctx context.Context, o Options, eng string, cfg map[string]string, rep int, run *Run) error {
-	defer guardSystemRunDir()()
+	defer netns.GuardDefaultRunDir()()
 	defer cleanupSystem(o.Prefix)
 	st := stepsOf(cfg["variant"])
 	start := time.Now()
@@ -306,39 +305,4 @@ func pyroute2Script(ctx context.Context, prefix string, st routerSteps, from, to
 		return fmt.Errorf("pyroute2: %v: %s", err, bytes.TrimSpace(out))
 	}
 	return nil
-}
-
-// guardSystemRunDir notes how /run/netns and nsfleet's lock beside it are
-// before an engine that must use them (ip knows no other run dir), and
-// returns what puts them back: when the run dir holds no pin afterwards,
-// the mount ip made on it is undone and a directory it made is removed.
-func guardSystemRunDir() func() {
-	_, statErr := os.Stat(netns.DefaultRunDir)
-	existed := statErr == nil
-	wasMount := false
-	if rd, err := netns.OpenRunDir(netns.DefaultRunDir, false); err == nil {
-		if st, err := rd.State(); err == nil {
-			wasMount = st.IsMountPoint
-		}
-	}
-	lock := (&netns.RunDir{Path: netns.DefaultRunDir}).LockPath()
-	_, lockErr := os.Stat(lock)
-	return func() {
-		ents, err := os.ReadDir(netns.DefaultRunDir)
-		if err == nil && len(ents) > 0 {
-			return // someone's pins: leave it all
-		}
-		if err == nil {
-			if !wasMount {
-				for i := 0; i < 8 && unix.Unmount(netns.DefaultRunDir, unix.MNT_DETACH) == nil; i++ {
-				}
-			}
-			if !existed {
-				os.Remove(netns.DefaultRunDir)
-			}
-		}
-		if lockErr != nil {
-			os.Remove(lock)
-		}
-	}
 }

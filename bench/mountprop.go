@@ -141,7 +141,7 @@ func (c *clock) record(run *Run, cfg map[string]string, rep, mark int, what stri
 // iproute2 is the thread's script: M idle mount namespaces, then N `ip
 // netns add`, then N `ip netns del`, each loop timed as time(1) prints it.
 func (m mountProp) iproute2(ctx context.Context, o Options, cfg map[string]string, rep int, run *Run) error {
-	restore := guardSystemRunDir()
+	restore := netns.GuardDefaultRunDir()
 	defer restore()
 	defer cleanupSystem(o.Prefix)
 	if ents, err := os.ReadDir(netns.DefaultRunDir); err == nil {

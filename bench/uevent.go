@@ -115,19 +115,9 @@ func (u uevent) once(ctx context.Context, o Options, dev string, listen bool, cf
 		}
 	}()
 	for i := 0; i < UeventNamespaces; i++ {
-		h, err := netns.Create(func(*netns.NS) error {
-			if !listen {
-				return nil
-			}
-			s, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_KOBJECT_UEVENT)
-			if err != nil {
-				return err
-			}
-			socks = append(socks, s)
-			return unix.Bind(s, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1})
-		})
+		h, err := listenerNamespace(listen, &socks)
 		if err != nil {
-			return fmt.Errorf("listener namespace: %w", err)
+			return err
 		}
 		held = append(held, h)
 	}
@@ -163,6 +153,27 @@ func (u uevent) once(ctx context.Context, o Options, dev string, listen bool, cf
 	add("transaction time p90", ds[len(ds)*9/10])
 	add("transaction time p99", ds[len(ds)*99/100])
 	return nil
+}
+
+// listenerNamespace makes a network namespace owned by this process's user
+// namespace, with a bound, non-blocking uevent listener (added to socks)
+// when listen.
+func listenerNamespace(listen bool, socks *[]int) (*netns.NS, error) {
+	h, err := netns.Create(func(*netns.NS) error {
+		if !listen {
+			return nil
+		}
+		s, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_KOBJECT_UEVENT)
+		if err != nil {
+			return err
+		}
+		*socks = append(*socks, s)
+		return unix.Bind(s, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listener namespace: %w", err)
+	}
+	return h, nil
 }
 
 // drain empties the listeners' queues so they keep receiving (a full

@@ -64,19 +64,9 @@ func (u uevent) threadCase(ctx context.Context, o Options, variant string, cfg m
 		}
 	})
 	for i := 0; i < nInit; i++ {
-		h, err := netns.Create(func(*netns.NS) error {
-			if !c.listen {
-				return nil
-			}
-			s, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_KOBJECT_UEVENT)
-			if err != nil {
-				return err
-			}
-			listeners = append(listeners, s)
-			return unix.Bind(s, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1})
-		})
+		h, err := listenerNamespace(c.listen, &listeners)
 		if err != nil {
-			return fmt.Errorf("namespace: %w", err)
+			return err
 		}
 		closers = append(closers, func() { h.Close() })
 		targets = append(targets, h)

@@ -494,3 +494,38 @@ func (l *Lock) Unlock() error {
 	}
 	return l.l.Release()
 }
+
+// GuardDefaultRunDir notes how /run/netns and nsfleet's lock beside it are
+// before work that must use them (ip knows no other run dir), and returns
+// what puts them back: when the run dir holds no pin afterwards, the mount
+// made on it is undone and a directory made for it is removed.
+func GuardDefaultRunDir() (restore func()) {
+	_, statErr := os.Stat(DefaultRunDir)
+	existed := statErr == nil
+	wasMount := false
+	if rd, err := OpenRunDir(DefaultRunDir, false); err == nil {
+		if st, err := rd.State(); err == nil {
+			wasMount = st.IsMountPoint
+		}
+	}
+	lock := (&RunDir{Path: DefaultRunDir}).LockPath()
+	_, lockErr := os.Stat(lock)
+	return func() {
+		ents, err := os.ReadDir(DefaultRunDir)
+		if err == nil && len(ents) > 0 {
+			return // someone's pins: leave it all
+		}
+		if err == nil {
+			if !wasMount {
+				for i := 0; i < 8 && unix.Unmount(DefaultRunDir, unix.MNT_DETACH) == nil; i++ {
+				}
+			}
+			if !existed {
+				os.Remove(DefaultRunDir)
+			}
+		}
+		if lockErr != nil {
+			os.Remove(lock)
+		}
+	}
+}

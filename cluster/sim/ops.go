@@ -329,19 +329,29 @@ func (st *State) startAgent(n *NodeInfo) error {
 	return nil
 }
 
-// Restart kills a node's agent (SIGKILL, as a crash) and starts a new one
-// in the same node: its namespaces and processes stay.
-func Restart(dir, node string) error {
+// loadNode loads the sim and one of its nodes; a killed node is an error
+// for every operation but those that accept it.
+func loadNode(dir, node string, killedOK bool) (*State, *NodeInfo, error) {
 	st, err := Load(dir)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	n, err := st.Node(node)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	if n.Killed {
-		return fmt.Errorf("sim restart: %s was killed (power loss); a new node is added with sim add", node)
+	if n.Killed && !killedOK {
+		return nil, nil, fmt.Errorf("%s was killed (power loss); sim add makes a new node", node)
+	}
+	return st, n, nil
+}
+
+// Restart kills a node's agent (SIGKILL, as a crash) and starts a new one
+// in the same node: its namespaces and processes stay.
+func Restart(dir, node string) error {
+	st, n, err := loadNode(dir, node, false)
+	if err != nil {
+		return err
 	}
 	n.Agent.kill(syscall.SIGKILL, 5*time.Second)
 	if err := st.startAgent(n); err != nil {
@@ -353,11 +363,7 @@ func Restart(dir, node string) error {
 // Kill is power loss: the node's agent and every process in the node are
 // killed, and the node is removed with everything in it.
 func Kill(dir, node string) error {
-	st, err := Load(dir)
-	if err != nil {
-		return err
-	}
-	n, err := st.Node(node)
+	st, n, err := loadNode(dir, node, true)
 	if err != nil {
 		return err
 	}
@@ -413,16 +419,9 @@ func Partition(dir, node string) error { return setHubLink(dir, node, false) }
 func Heal(dir, node string) error { return setHubLink(dir, node, true) }
 
 func setHubLink(dir, node string, up bool) error {
-	st, err := Load(dir)
+	st, n, err := loadNode(dir, node, false)
 	if err != nil {
 		return err
-	}
-	n, err := st.Node(node)
-	if err != nil {
-		return err
-	}
-	if n.Killed {
-		return fmt.Errorf("%s was killed", node)
 	}
 	hub, err := netns.OpenPath(st.HubPin)
 	if err != nil {

@@ -64,35 +64,7 @@ func FakeRouters(prefix string, count int) string {
 func SystemRunDir(t testing.TB) {
 	t.Helper()
 	RequireRoot(t)
-	_, statErr := os.Stat(netns.DefaultRunDir)
-	existed := statErr == nil
-	wasMount := false
-	if rd, err := netns.OpenRunDir(netns.DefaultRunDir, false); err == nil {
-		if st, err := rd.State(); err == nil {
-			wasMount = st.IsMountPoint
-		}
-	}
-	lock := filepath.Join(filepath.Dir(netns.DefaultRunDir), "."+filepath.Base(netns.DefaultRunDir)+".nsfleet.lock")
-	_, lockErr := os.Stat(lock)
-	t.Cleanup(func() {
-		ents, err := os.ReadDir(netns.DefaultRunDir)
-		if err == nil && len(ents) > 0 {
-			return // pins of another test or tool: leave it all
-		}
-		if err == nil {
-			if !wasMount {
-				for i := 0; i < 8 && unix.Unmount(netns.DefaultRunDir, unix.MNT_DETACH) == nil; i++ {
-				}
-			}
-			if !existed {
-				os.Remove(netns.DefaultRunDir)
-			}
-		}
-		// Also when another test binary removed the run dir first.
-		if lockErr != nil {
-			os.Remove(lock)
-		}
-	})
+	t.Cleanup(netns.GuardDefaultRunDir())
 }
 
 // InUserNamespace returns process attributes that start a child in a new
