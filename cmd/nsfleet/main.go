@@ -6,9 +6,13 @@ import (
 	"context"
 	"os"
 
+	"github.com/nsfleet/nsfleet/bench/vm"
 	"github.com/nsfleet/nsfleet/internal/cli"
 )
 
 func main() {
+	if vm.IsGuest() {
+		vm.GuestMain() // init of a lab VM (nsfleet bench --kernel): does not return
+	}
 	os.Exit(cli.Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,10 +10,12 @@ import (
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/nsfleet/nsfleet/bench"
 	"github.com/nsfleet/nsfleet/bench/report"
 	"github.com/nsfleet/nsfleet/bench/results"
+	"github.com/nsfleet/nsfleet/bench/vm"
 	"github.com/nsfleet/nsfleet/kprof"
 	"github.com/spf13/cobra"
 )
@@ -21,7 +24,8 @@ func newBench(g *globals) *cobra.Command {
 	var o bench.Options
 	var engines, variants, output, db string
 	var noStore, seedTable bool
-	var benchRunDir, profileDir, progressMode string
+	var benchRunDir, profileDir, progressMode, kernels string
+	var vmOpts vm.Options
 	var idle, listeners, limit int
 	cmd := &cobra.Command{
 		Use:   "bench SCENARIO [flags] | bench list | bench compare A B | bench plot RUN... | bench report RUN...",
@@ -94,6 +98,11 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 					prof.mark(marks.add(config, rep, done, total))
 				}
 			}
+			if kernels != "" {
+				return benchInVMs(cmd.Context(), g, s, o, vmOpts, splitList(kernels), func(run *bench.Run, err error) error {
+					return emitRun(g, s.Name, run, err, noStore, db, output, seedTable)
+				})
+			}
 			run, err := bench.Execute(cmd.Context(), s, o)
 			if prog != nil {
 				prog.finish()
@@ -106,45 +115,17 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 					marks.growth(g.stderr, r, run)
 				}
 			}
-			if run == nil {
-				return err
-			}
-			if err != nil {
-				fmt.Fprintln(g.stderr, "nsfleet:", err)
-			}
-			if !noStore && len(run.Samples) > 0 {
-				st, serr := results.Open(db)
-				if serr == nil {
-					serr = st.Save(run)
-					st.Close()
-				}
-				if serr != nil {
-					fmt.Fprintln(g.stderr, "nsfleet: bench: not stored:", serr)
-				} else {
-					fmt.Fprintf(g.stderr, "bench: stored as run %s in %s\n", run.ID, db)
-				}
-			}
-			var werr error
-			switch output {
-			case "json":
-				werr = report.WriteJSON(g.stdout, run)
-			case "csv":
-				werr = report.WriteCSV(g.stdout, run)
-			case "benchfmt":
-				werr = report.WriteBenchfmt(g.stdout, run)
-			default:
-				werr = report.WriteTable(g.stdout, run)
-			}
-			if seedTable && werr == nil {
-				werr = writeSeedTables(g, s.Name, run, output)
-			}
-			if err != nil {
-				return &exitError{code: ExitFailed}
-			}
-			return werr
+			return emitRun(g, s.Name, run, err, noStore, db, output, seedTable)
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&kernels, "kernel", "", "run the scenario on these kernels (bzImage files, comma-separated), each booted in a VM, instead of this one")
+	f.StringVar(&vmOpts.Accel, "accel", "auto", "VM accelerator: auto (KVM when it can boot a standard kernel, else TCG, and says why), kvm, tcg")
+	f.IntVar(&vmOpts.CPUs, "vm-cpus", 2, "CPUs of each VM")
+	f.StringVar(&vmOpts.Mem, "vm-mem", "4G", "memory of each VM")
+	f.StringVar(&vmOpts.Modules, "modules", "", "the kernels' modules tree, holding lib/modules/RELEASE (default: this machine's /lib/modules)")
+	f.StringVar(&vmOpts.Cmdline, "kernel-cmdline", "", "extra kernel arguments, e.g. rcu_nocbs=0-1 rcupdate.rcu_expedited=1")
+	f.DurationVar(&vmOpts.Timeout, "vm-timeout", 10*time.Minute, "longest a VM may take to boot and run")
 	f.StringVar(&progressMode, "progress", "auto", "progress display: auto (a bar per configuration and run with rate and ETA on a terminal, plain lines otherwise), bar, plain, none")
 	f.BoolVar(&seedTable, "seed-table", false, "print the source thread's published table beside this machine's figures, in the thread's shape")
 	f.StringVar(&profileDir, "profile", "", "sample kernel and nsfleet stacks into DIR, one range per mark: pprof profile, flame graphs, kernel functions whose share grows with N")
@@ -475,4 +456,76 @@ func ranConfig(run *bench.Run, cfg map[string]string) bool {
 		}
 	}
 	return false
+}
+
+// emitRun stores a run and prints it as asked; err is the run's own
+// failure (reported, exit 1, after what was measured is shown).
+func emitRun(g *globals, scenario string, run *bench.Run, err error, noStore bool, db, output string, seedTable bool) error {
+	if run == nil {
+		return err
+	}
+	if err != nil {
+		fmt.Fprintln(g.stderr, "nsfleet:", err)
+	}
+	if !noStore && len(run.Samples) > 0 {
+		st, serr := results.Open(db)
+		if serr == nil {
+			serr = st.Save(run)
+			st.Close()
+		}
+		if serr != nil {
+			fmt.Fprintln(g.stderr, "nsfleet: bench: not stored:", serr)
+		} else {
+			fmt.Fprintf(g.stderr, "bench: stored as run %s in %s\n", run.ID, db)
+		}
+	}
+	var werr error
+	switch output {
+	case "json":
+		werr = report.WriteJSON(g.stdout, run)
+	case "csv":
+		werr = report.WriteCSV(g.stdout, run)
+	case "benchfmt":
+		werr = report.WriteBenchfmt(g.stdout, run)
+	default:
+		werr = report.WriteTable(g.stdout, run)
+	}
+	if seedTable && werr == nil {
+		werr = writeSeedTables(g, scenario, run, output)
+	}
+	if err != nil {
+		return &exitError{code: ExitFailed}
+	}
+	return werr
+}
+
+// benchInVMs runs the scenario on each kernel in a VM of its own; a kernel
+// that fails (panic, no network namespaces, missing module, hang) is
+// reported with its last console lines and the others still run.
+func benchInVMs(ctx context.Context, g *globals, s *bench.Scenario, o bench.Options, vo vm.Options, kernels []string, emit func(*bench.Run, error) error) error {
+	failed := 0
+	for _, k := range kernels {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		vo := vo
+		vo.Kernel = k
+		vo.Log = func(f string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+f+"\n", a...) }
+		vo.Job = vm.Job{Scenario: s.Name, N: o.N, Mark: o.Mark, Runs: o.Runs, Engines: o.Engines, Variants: o.Variants,
+			Prefix: o.Prefix, Workers: o.Workers,
+			Globals: map[string]int{"idle": bench.IdleMountNamespaces, "namespaces": bench.UeventNamespaces, "limit": bench.ChurnLimit}}
+		run, err := vm.Boot(ctx, vo)
+		if run == nil {
+			fmt.Fprintf(g.stderr, "nsfleet: bench: kernel %s: %v\n", k, err)
+			failed++
+			continue
+		}
+		if e := emit(run, err); e != nil {
+			failed++
+		}
+	}
+	if failed > 0 {
+		return &exitError{code: ExitFailed, err: fmt.Errorf("bench: %d of %d kernels failed", failed, len(kernels))}
+	}
+	return nil
 }
