@@ -39,7 +39,6 @@ type Result struct {
 	Run     *bench.Run `json:"run,omitempty"`
 	Error   string     `json:"error,omitempty"`
 	Release string     `json:"release"`
-	Config  string     `json:"kernel_config,omitempty"` // from /proc/config.gz, when the kernel has it
 }
 
 // IsGuest reports whether this process is the init of an nsfleet guest.
@@ -99,9 +98,6 @@ func GuestMain() {
 	if _, err := os.Stat("/proc/self/ns/net"); err != nil {
 		res.Error = "this kernel has no network namespaces (CONFIG_NET_NS)"
 		return
-	}
-	if cfg, err := os.ReadFile("/proc/config.gz"); err == nil {
-		res.Config = fmt.Sprintf("%d bytes of /proc/config.gz", len(cfg))
 	}
 	s, err := bench.Lookup(job.Scenario)
 	if err != nil {

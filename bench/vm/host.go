@@ -247,6 +247,17 @@ func buildInitramfs(o Options, release string) (string, []string, error) {
 		}
 		job.Modules = append(job.Modules, dst)
 	}
+	// The kernel's config, where it lies beside the image (as Debian's
+	// packages put it): the guest's environment capture reads the options
+	// the threads blame from /boot/config-RELEASE.
+	for _, c := range []string{filepath.Join(filepath.Dir(o.Kernel), "config-"+release), filepath.Join(root, "boot", "config-"+release)} {
+		if _, err := os.Stat(c); err == nil {
+			if err := copyIn(c, "/boot/config-"+release); err != nil {
+				return "", nil, err
+			}
+			break
+		}
+	}
 	jb, _ := json.Marshal(job)
 	files = append(files, File{Name: strings.TrimPrefix(JobPath, "/"), Mode: 0o644, Data: jb})
 	for _, d := range []string{"proc", "sys", "dev", "run", "tmp", "etc", "var/run"} {

@@ -120,6 +120,9 @@ func TestBootRunsAScenario(t *testing.T) {
 		if !strings.Contains(run.Env.Kernel, rel) {
 			t.Errorf("%s: the run's environment says kernel %q, want the guest's %s", job.Scenario, run.Env.Kernel, rel)
 		}
+		if _, err := os.Stat(filepath.Join(filepath.Dir(k), "config-"+rel)); err == nil && len(run.Env.Config) == 0 {
+			t.Errorf("%s: the kernel's config lies beside the image but the run records none", job.Scenario)
+		}
 	}
 }
 
