@@ -158,8 +158,17 @@ func tail(path string, n int) string {
 		return "  (no console output)"
 	}
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	var panicLine string
+	for _, l := range lines {
+		if strings.Contains(l, "Kernel panic") {
+			panicLine = l // the cause, above the stack dump
+		}
+	}
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
+	}
+	if panicLine != "" && !strings.Contains(strings.Join(lines, "\n"), panicLine) {
+		lines = append([]string{panicLine, "..."}, lines...)
 	}
 	return "  " + strings.Join(lines, "\n  ")
 }
