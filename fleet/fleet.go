@@ -61,6 +61,11 @@ type Options struct {
 	// OnResult, if set, is called once per namespace as it is finished,
 	// from one goroutine at a time.
 	OnResult func(Result)
+	// OnStatus, if set, makes List hand each status over in order, from
+	// one goroutine at a time, as soon as it and all before it are read,
+	// and keep none: memory stays flat however large the fleet (List
+	// then returns no statuses).
+	OnStatus func(Status)
 }
 
 func (o *Options) workers(n int) int {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
@@ -87,6 +88,12 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 			if !pinState(pins, &out[i]) {
 				out[i].State = StateUnread
 			}
+			if opts.OnStatus != nil {
+				opts.OnStatus(out[i])
+			}
+		}
+		if opts.OnStatus != nil {
+			return nil, nil
 		}
 		return out, nil
 	}
@@ -104,9 +111,11 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 			needProc = needProc || len(f.Namespaces[i].Sysctls) > 0
 		}
 	}
+	emit := newEmitter(out, opts.OnStatus)
 	pool.Run(ctx, len(names), pool.Fit(opts.workers(len(names)), fdsPerChecker), func() (*reader, error) {
 		return openReader(needProc), nil
 	}, (*reader).close, func(r *reader, i int) {
+		defer emit.done(i)
 		name := names[i]
 		st := &out[i]
 		st.Name = name
@@ -123,9 +132,48 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		procStates(opts.Store, want, st)
 	})
 	if ctx.Err() != nil {
-		return out, ctx.Err()
+		return emit.result(), ctx.Err()
 	}
-	return out, nil
+	return emit.result(), nil
+}
+
+// emitter hands statuses over in order as they are finished (OnStatus),
+// dropping each once handed over; without OnStatus it does nothing.
+type emitter struct {
+	mu   sync.Mutex
+	out  []Status
+	fin  []bool
+	next int
+	fn   func(Status)
+}
+
+func newEmitter(out []Status, fn func(Status)) *emitter {
+	e := &emitter{out: out, fn: fn}
+	if fn != nil {
+		e.fin = make([]bool, len(out))
+	}
+	return e
+}
+
+func (e *emitter) done(i int) {
+	if e.fn == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.fin[i] = true
+	for e.next < len(e.out) && e.fin[e.next] {
+		e.fn(e.out[e.next])
+		e.out[e.next] = Status{}
+		e.next++
+	}
+}
+
+func (e *emitter) result() []Status {
+	if e.fn != nil {
+		return nil
+	}
+	return e.out
 }
 
 // pinState fills in st from its pin and reports whether that says it all

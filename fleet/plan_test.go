@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"strings"
 	"errors"
 	"net/netip"
 	"testing"
@@ -131,5 +132,25 @@ func TestSummaryRates(t *testing.T) {
 	r := s.MarkRates()
 	if r[0] != 250 || r[1] != 125 || s.Rate() != 125 {
 		t.Fatalf("rates %v, rate %v", r, s.Rate())
+	}
+}
+
+// TestEmitterInOrder: statuses finished out of order are handed over in
+// order, each once, and dropped after.
+func TestEmitterInOrder(t *testing.T) {
+	out := make([]Status, 5)
+	for i := range out {
+		out[i].Name = string(rune('a' + i))
+	}
+	var got []string
+	e := newEmitter(out, func(s Status) { got = append(got, s.Name) })
+	for _, i := range []int{2, 0, 4, 1, 3} {
+		e.done(i)
+	}
+	if strings.Join(got, "") != "abcde" {
+		t.Fatalf("order %v", got)
+	}
+	if e.result() != nil || out[0].Name != "" {
+		t.Fatal("statuses kept after they were handed over")
 	}
 }

@@ -73,12 +73,21 @@ after '='.`,
 					return perr
 				}
 				prof.mark("ls")
+				var stream *jsonArray
+				if output == "json" {
+					// One status at a time: memory stays flat at any size.
+					stream = &jsonArray{w: g.stdout}
+					opts.OnStatus = stream.add
+				}
 				st, err = fleet.List(cmd.Context(), f, fleet.Selector{Prefix: prefix}, opts)
 				if perr := prof.finish(g.stderr); perr != nil {
 					fmt.Fprintln(g.stderr, "nsfleet: ls: --profile:", perr)
 				}
 				if err != nil {
 					return err
+				}
+				if stream != nil {
+					return stream.end()
 				}
 			}
 			if output == "json" {
@@ -178,4 +187,41 @@ func printStatusTable(w io.Writer, st []fleet.Status) {
 		parts = []string{"no namespaces"}
 	}
 	fmt.Fprintf(w, "%d namespaces: %s\n", len(st), strings.Join(parts, ", "))
+}
+
+// jsonArray writes a JSON array element by element, indented as
+// json.Encoder with SetIndent("", "  ") writes a whole one.
+type jsonArray struct {
+	w   io.Writer
+	n   int
+	err error
+}
+
+func (a *jsonArray) add(v fleet.Status) {
+	if a.err != nil {
+		return
+	}
+	b, err := json.MarshalIndent(v, "  ", "  ")
+	if err != nil {
+		a.err = err
+		return
+	}
+	sep := ",\n  "
+	if a.n == 0 {
+		sep = "[\n  "
+	}
+	a.n++
+	_, a.err = io.WriteString(a.w, sep+string(b))
+}
+
+func (a *jsonArray) end() error {
+	if a.err != nil {
+		return a.err
+	}
+	tail := "\n]\n"
+	if a.n == 0 {
+		tail = "[]\n"
+	}
+	_, err := io.WriteString(a.w, tail)
+	return err
 }
