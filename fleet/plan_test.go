@@ -1,9 +1,9 @@
 package fleet
 
 import (
-	"strings"
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
