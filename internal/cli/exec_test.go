@@ -48,7 +48,10 @@ func testExecPassesThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	// In the namespace, with stdin passed and only fds 0-2 open.
-	cmd := child("--run-dir", rd.Path, "exec", name, "--", "sh", "-c", "readlink /proc/self/ns/net; cat; ls /proc/$$/fd | tr '\\n' ' '; exit 7")
+	// Each fd of the shell with what it is: the shell's own pipes (a
+	// pipeline, a command substitution) and the directory its glob reads
+	// come and go while it runs and are not nsfleet's.
+	cmd := child("--run-dir", rd.Path, "exec", name, "--", "sh", "-c", "readlink /proc/self/ns/net; cat; out=; for f in /proc/$$/fd/*; do out=\"$out ${f##*/}=$(readlink $f)\"; done; echo $out; exit 7")
 	cmd.Stdin = strings.NewReader("hello from stdin\n")
 	out, err := cmd.Output()
 	ee, ok := err.(*exec.ExitError)
@@ -68,10 +71,12 @@ func testExecPassesThrough(t *testing.T) {
 	// Only 0-2, and what this test binary itself inherited without
 	// close-on-exec (a wrapper passes those on, as ip netns exec does).
 	inherited := inheritedFDs(t)
-	for _, fd := range strings.Fields(lines[2]) {
-		if fd != "0" && fd != "1" && fd != "2" && !inherited[fd] {
-			t.Errorf("fd %s of nsfleet leaked into the command (fds %s)", fd, lines[2])
+	for _, entry := range strings.Fields(lines[2]) {
+		fd, target, _ := strings.Cut(entry, "=")
+		if fd == "0" || fd == "1" || fd == "2" || inherited[fd] || strings.HasPrefix(target, "pipe:") || strings.HasPrefix(target, "/proc/") {
+			continue
 		}
+		t.Errorf("fd %s (%s) of nsfleet leaked into the command (fds %s)", fd, target, lines[2])
 	}
 	// A command that does not exist: a clear error, not a hang or a crash.
 	code, _, errs := run("--run-dir", rd.Path, "exec", name, "--", "no-such-command-"+p)
