@@ -39,6 +39,17 @@ type Sample struct {
 	Value  float64           `json:"value"`
 }
 
+// Matches reports whether the sample's configuration has every key=value
+// of cfg.
+func (x Sample) Matches(cfg map[string]string) bool {
+	for k, v := range cfg {
+		if x.Config[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
 // ConfigKey renders a configuration as "engine=native/variant=add", keys in
 // the scenario's order.
 func ConfigKey(c map[string]string, order []string) string {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/nsfleet/nsfleet/internal/companion"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,25 +45,10 @@ func init() {
 	})
 }
 
-// clusterBinary finds nsfleet-cluster: $NSFLEET_CLUSTER_BINARY, beside
-// this executable, or on PATH.
-func clusterBinary() (string, error) {
-	if p := os.Getenv("NSFLEET_CLUSTER_BINARY"); p != "" {
-		return p, nil
-	}
-	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), "nsfleet-cluster")
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return exec.LookPath("nsfleet-cluster")
-}
-
 func (f failover) Run(ctx context.Context, o Options, run *Run) error {
-	bin, err := clusterBinary()
+	bin, err := companion.Find()
 	if err != nil {
-		run.Skipped = append(run.Skipped, "engine=cluster: nsfleet-cluster not found beside nsfleet or on PATH (go build -o DIR/ ./cmd/nsfleet ./cmd/nsfleet-cluster)")
+		run.Skipped = append(run.Skipped, "engine=cluster: "+err.Error())
 		return nil
 	}
 	run.Notes = append(run.Notes,

@@ -145,11 +145,7 @@ func WriteSeedTable(w io.Writer, s *Seed, run *Run) error {
 	fmt.Fprintln(tw)
 	means := map[string]map[int][]float64{}
 	for _, x := range run.Samples {
-		match := true
-		for k, v := range s.Config {
-			match = match && x.Config[k] == v
-		}
-		if !match {
+		if !x.Matches(s.Config) {
 			continue
 		}
 		if means[x.Metric] == nil {

@@ -162,6 +162,13 @@ func (s *Store) Records(ns string) ([]*Record, error) {
 
 // procStart reads a process's start time and state from /proc/PID/stat.
 func procStart(pid int) (start uint64, state byte, err error) {
+	return StartTime(pid)
+}
+
+// StartTime reads a process's start time (clock ticks since boot, which
+// tells it from a later process with the same PID) and its state letter
+// from /proc/PID/stat.
+func StartTime(pid int) (start uint64, state byte, err error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, 0, err

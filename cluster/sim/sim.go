@@ -19,9 +19,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/nsfleet/nsfleet/proc"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -117,25 +117,13 @@ func (s *State) Node(name string) (*NodeInfo, error) {
 }
 
 // procStart reads a process's start time, to tell it from a later process
-// that got the same PID.
+// that got the same PID; a zombie counts as gone.
 func procStart(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, errors.New("bad /proc stat")
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 {
-		return 0, errors.New("bad /proc stat")
-	}
-	if f[0] == "Z" || f[0] == "X" {
+	start, state, err := proc.StartTime(pid)
+	if err == nil && (state == 'Z' || state == 'X') {
 		return 0, os.ErrProcessDone
 	}
-	return strconv.ParseUint(f[19], 10, 64)
+	return start, err
 }
 
 // alive reports whether d is still the process sim started.

@@ -447,11 +447,7 @@ func writeSeedTables(g *globals, scenario string, run *bench.Run, output string)
 // ranConfig reports whether run has a sample of the configuration.
 func ranConfig(run *bench.Run, cfg map[string]string) bool {
 	for _, x := range run.Samples {
-		match := true
-		for k, v := range cfg {
-			match = match && x.Config[k] == v
-		}
-		if match {
+		if x.Matches(cfg) {
 			return true
 		}
 	}

@@ -1,35 +1,14 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"syscall"
+
+	"github.com/nsfleet/nsfleet/internal/companion"
 
 	"github.com/spf13/cobra"
 )
-
-// ClusterBinary is the companion binary that holds agent, cluster and sim.
-// etcd's client and server cost every command start-up time and memory,
-// so they live there, not here.
-const ClusterBinary = "nsfleet-cluster"
-
-// findClusterBinary looks beside this executable, then on PATH.
-func findClusterBinary() (string, error) {
-	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), ClusterBinary)
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	if p, err := exec.LookPath(ClusterBinary); err == nil {
-		return p, nil
-	}
-	return "", errors.New("needs the " + ClusterBinary + " binary beside nsfleet or on PATH; build both with:\n" +
-		"  go build -o /usr/local/bin/ ./cmd/nsfleet ./cmd/nsfleet-cluster")
-}
 
 // newHandOver makes a command that runs the cluster binary in this
 // process's place, with the arguments as given.
@@ -39,7 +18,7 @@ func newHandOver(g *globals, name, short string) *cobra.Command {
 		Short:              short,
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			bin, err := findClusterBinary()
+			bin, err := companion.Find()
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}

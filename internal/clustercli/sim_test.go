@@ -17,6 +17,7 @@ import (
 	"github.com/nsfleet/nsfleet/bench"
 	"github.com/nsfleet/nsfleet/cluster"
 	"github.com/nsfleet/nsfleet/cluster/sim"
+	"github.com/nsfleet/nsfleet/internal/companion"
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
@@ -463,7 +464,7 @@ func TestFailoverScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("NSFLEET_CLUSTER_BINARY", self)
+	t.Setenv(companion.Env, self)
 	s, err := bench.Lookup("failover")
 	if err != nil {
 		t.Fatal(err)
