@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -606,7 +607,12 @@ func observe(in *rtnl.Conn, home *netns.NS, pfs *sysctl.Procfs, ns *spec.Namespa
 		}
 	}
 	obs.Sysctls = make(map[string]string, len(ns.Sysctls))
+	var conf map[sysctl.NetconfField]int32
 	for _, s := range ns.Sysctls {
+		if v, ok := readNetconf(in, s.Key, &conf); ok {
+			obs.Sysctls[s.Key] = v
+			continue
+		}
 		v, err := pfs.Read(s.Key)
 		if errors.Is(err, sysctl.ErrUnknownKey) {
 			continue
@@ -617,6 +623,35 @@ func observe(in *rtnl.Conn, home *netns.NS, pfs *sysctl.Procfs, ns *spec.Namespa
 		obs.Sysctls[s.Key] = v
 	}
 	return nil
+}
+
+// readNetconf reads key over rtnetlink when netconf carries it (see
+// sysctl.Netconf): ip_forward, a fake router's one sysctl, then costs one
+// request on the namespace's socket and no procfs. Each configuration is
+// asked for once per namespace; conf caches the answers. Any failure
+// (IPv6 disabled, an old kernel) leaves the key to procfs.
+func readNetconf(in *rtnl.Conn, key string, conf *map[sysctl.NetconfField]int32) (string, bool) {
+	f, ok := sysctl.Netconf(key)
+	if !ok {
+		return "", false
+	}
+	if *conf == nil {
+		*conf = map[sysctl.NetconfField]int32{}
+	}
+	v, ok := (*conf)[f]
+	if !ok {
+		vals, err := in.Netconf(f.Family, f.Index)
+		if err != nil {
+			return "", false
+		}
+		for attr, val := range vals {
+			(*conf)[sysctl.NetconfField{Family: f.Family, Index: f.Index, Attr: attr}] = val
+		}
+		if v, ok = vals[f.Attr]; !ok {
+			return "", false
+		}
+	}
+	return strconv.Itoa(int(v)), true
 }
 
 // apply carries out one fix; it runs inside the namespace.

@@ -149,3 +149,23 @@ func (c *Conn) getLinks(index int, name string, nsid int) ([]Link, error) {
 	}
 	return out, nil
 }
+
+// parseNetconf decodes the payload of an RTM_NEWNETCONF message: every
+// 32-bit attribute by type. It never panics on malformed input.
+func parseNetconf(b []byte) (map[uint16]int32, error) {
+	const hdr = 4 // struct netconfmsg, aligned
+	if len(b) < hdr {
+		return nil, fmt.Errorf("netconf message: %w", errShort)
+	}
+	attrs, err := parseAttrs(b[hdr:])
+	if err != nil {
+		return nil, fmt.Errorf("netconf: %w", err)
+	}
+	out := make(map[uint16]int32, len(attrs))
+	for _, a := range attrs {
+		if len(a.val) >= 4 {
+			out[a.typ] = int32(binary.NativeEndian.Uint32(a.val))
+		}
+	}
+	return out, nil
+}

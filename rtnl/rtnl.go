@@ -487,3 +487,23 @@ func (c *Conn) AddDevice(kind, name string) error {
 	}
 	return nil
 }
+
+// Netconf returns the netconf values (attribute → value) of one family's
+// configuration in this namespace: index is a device's ifindex, or -1 for
+// "all" and -2 for "default" (see sysctl.Netconf). One RTM_GETNETCONF on
+// the raw socket; works on a lite Conn.
+func (c *Conn) Netconf(family int, index int32) (map[uint16]int32, error) {
+	req := c.request(unix.RTM_GETNETCONF, 0)
+	req.AddData(&nl.RtGenMsg{RtGenmsg: unix.RtGenmsg{Family: uint8(family)}})
+	req.AddData(nl.NewRtAttr(netconfaIfindex, nl.Uint32Attr(uint32(index))))
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWNETCONF)
+	if err != nil {
+		return nil, fmt.Errorf("netconf: %w", err)
+	}
+	if len(msgs) != 1 {
+		return nil, fmt.Errorf("netconf: %d replies", len(msgs))
+	}
+	return parseNetconf(msgs[0])
+}
+
+const netconfaIfindex = 1

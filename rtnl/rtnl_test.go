@@ -130,3 +130,109 @@ func TestMissingLinkIsENODEV(t *testing.T) {
 		t.Fatalf("err = %v, want ENODEV", err)
 	}
 }
+
+// Devices answers by sysfs and by ioctl alike, about the namespace of the
+// thread that opened it (not /sys's).
+func TestDevices(t *testing.T) {
+	nstest.RequireRoot(t)
+	p := nstest.Prefix(t)
+	h, err := netns.Create(func(in *netns.NS) error {
+		c, err := rtnl.OpenLite()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := c.AddVeth(rtnl.VethPair{Host: p + "a", Peer: p + "b", MTU: 1400, PeerNsFd: in.Fd()}); err != nil {
+			return err
+		}
+		a, err := c.LinkByName(p + "a")
+		if err != nil {
+			return err
+		}
+		if err := c.SetUp(a.Index, true); err != nil {
+			return err
+		}
+		b, err := c.LinkByName(p + "b")
+		if err != nil {
+			return err
+		}
+		for _, sysfs := range []bool{true, false} {
+			d, err := rtnl.OpenDevices()
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			if !sysfs {
+				d.IoctlOnly()
+			} else if !d.Sysfs() {
+				t.Error("no private sysfs as root")
+			}
+			for _, want := range []rtnl.Link{{Name: p + "a", Index: a.Index, Up: true, MTU: 1400}, {Name: p + "b", Index: b.Index, MTU: 1400}, {Name: "lo", Index: 1}} {
+				got, ok, err := d.ByName(want.Name)
+				if err != nil || !ok || got.Index != want.Index || got.Up != want.Up || (want.MTU != 0 && got.MTU != want.MTU) {
+					t.Errorf("sysfs %v: ByName(%s) = %+v, %v, %v; want %+v", sysfs, want.Name, got, ok, err, want)
+				}
+				if i, ok, err := d.Index(want.Name); err != nil || !ok || i != want.Index {
+					t.Errorf("sysfs %v: Index(%s) = %d, %v, %v", sysfs, want.Name, i, ok, err)
+				}
+			}
+			for _, name := range []string{p + "none", "../net", "a/b", "", strings.Repeat("x", 20)} {
+				if _, ok, err := d.Index(name); ok {
+					t.Errorf("sysfs %v: Index(%q) found something (err %v)", sysfs, name, err)
+				}
+			}
+			if name, ok, err := d.NameOf(a.Index); err != nil || !ok || name != p+"a" {
+				t.Errorf("NameOf(%d) = %q, %v, %v", a.Index, name, ok, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+}
+
+// Netconf reads the values procfs shows, in the namespace of the Conn.
+func TestNetconfMatchesProcfs(t *testing.T) {
+	nstest.RequireRoot(t)
+	h, err := netns.Create(func(*netns.NS) error {
+		// /proc/sys follows the calling thread's namespace.
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
+			return err
+		}
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/default/rp_filter", []byte("2"), 0); err != nil {
+			return err
+		}
+		c, err := rtnl.OpenLite()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		all, err := c.Netconf(unix.AF_INET, -1)
+		if err != nil {
+			return err
+		}
+		def, err := c.Netconf(unix.AF_INET, -2)
+		if err != nil {
+			return err
+		}
+		if all[2] != 1 || def[3] != 2 { // forwarding, rp_filter
+			t.Errorf("netconf all %v default %v; want forwarding 1 and rp_filter 2", all, def)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+}
+
+func FuzzParseNetconf(f *testing.F) {
+	f.Add([]byte{2, 0, 0, 0, 8, 0, 1, 0, 255, 255, 255, 255, 8, 0, 2, 0, 1, 0, 0, 0})
+	f.Add([]byte{})
+	f.Add([]byte{2, 0, 0, 0, 3, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rtnl.ParseNetconfForTest(b)
+	})
+}

@@ -36,7 +36,8 @@ const RotateEvery = 100
 type Procfs struct {
 	fd      int
 	private bool
-	seen    int
+	seen    int  // namespaces this instance has looked into
+	next    bool // NextNamespace was called since the last lookup
 }
 
 // Open returns a new private procfs instance, falling back to /proc.
@@ -48,8 +49,8 @@ func Open() (*Procfs, error) {
 	return p, nil
 }
 
-// Fd returns the procfs root descriptor, valid until the next NextNamespace
-// or Close; paths under it look like "sys/net/ipv4/ip_forward".
+// Fd returns the procfs root descriptor, valid until the next lookup after
+// NextNamespace, or Close; paths under it look like "sys/net/ipv4/ip_forward".
 func (p *Procfs) Fd() int { return p.fd }
 
 // Private reports whether the instance is private (false: shared /proc).
@@ -89,9 +90,21 @@ func openPrivate() (int, error) {
 	return mfd, nil
 }
 
-// NextNamespace tells p that following calls are for another namespace; every
-// RotateEvery namespaces the instance is replaced.
+// NextNamespace tells p that following calls are for another namespace.
+// Every RotateEvery namespaces that p is then asked about, the instance is
+// replaced (before the first lookup in the next one, so namespaces that
+// turn out to need no procfs cost nothing).
 func (p *Procfs) NextNamespace() error {
+	p.next = true
+	return nil
+}
+
+// turn counts a namespace looked into, replacing the instance when due.
+func (p *Procfs) turn() error {
+	if !p.next {
+		return nil
+	}
+	p.next = false
 	p.seen++
 	if p.private && p.seen%RotateEvery == 0 {
 		return p.reopen()
@@ -114,6 +127,9 @@ func (p *Procfs) Close() error {
 var ErrUnknownKey = errors.New("no such sysctl in this namespace")
 
 func (p *Procfs) open(key string, flags int) (int, error) {
+	if err := p.turn(); err != nil {
+		return -1, err
+	}
 	path := "sys/" + names.SysctlPath(key)
 	fd, err := pool.RetryValue(func() (int, error) { return unix.Openat(p.fd, path, flags|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0) })
 	if errors.Is(err, unix.ENOENT) {
