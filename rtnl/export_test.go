@@ -12,3 +12,11 @@ func (d *Devices) IoctlOnly() {
 
 // ParseNetconfForTest exposes parseNetconf to the fuzz target.
 var ParseNetconfForTest = parseNetconf
+
+// WalkMessagesForTest runs a Conn's reply walker over b, as the reply to
+// request number seq.
+func WalkMessagesForTest(b []byte, seq uint32) (bool, error) {
+	s := &sock{seq: seq}
+	intr := false
+	return s.messages(b, 0, &intr, func([]byte) {})
+}

@@ -129,20 +129,14 @@ func (c *Conn) getLinks(index int, name string, nsid int) ([]Link, error) {
 			req.AddData(nl.NewRtAttr(unix.IFLA_TARGET_NETNSID, nl.Uint32Attr(uint32(nsid))))
 		}
 		out = out[:0]
-		var perr error
-		err := req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWLINK, func(m []byte) bool {
+		return c.raw.exec(req, unix.RTM_NEWLINK, func(m []byte) error {
 			l, err := parseLink(m)
 			if err != nil {
-				perr = err
-				return false
+				return err
 			}
 			out = append(out, l)
-			return true
+			return nil
 		})
-		if err != nil {
-			return err
-		}
-		return perr
 	})
 	if err != nil {
 		return nil, err

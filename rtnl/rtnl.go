@@ -25,7 +25,6 @@ import (
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
-	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -81,7 +80,7 @@ var ErrDumpInterrupted = errors.New("netlink dump interrupted repeatedly by conc
 // (The handle's own veth creation looks the new link up by name afterwards:
 // a round trip per veth that nsfleet does not need.)
 type Conn struct {
-	raw map[int]*nl.SocketHandle
+	raw *sock
 	h   *netlink.Handle
 }
 
@@ -105,13 +104,11 @@ func Open() (*Conn, error) {
 // SetLoopback, AddVeth, SetUp, SetAlias, SetMTU, DeleteLink, NsID) but not
 // addresses or routes. It costs one socket.
 func OpenLite() (*Conn, error) {
-	s, err := pool.RetryValue(func() (*nl.NetlinkSocket, error) {
-		return nl.GetNetlinkSocketAt(vnetns.None(), vnetns.None(), unix.NETLINK_ROUTE)
-	})
+	s, err := openSock()
 	if err != nil {
-		return nil, fmt.Errorf("netlink socket: %w", err)
+		return nil, err
 	}
-	return &Conn{raw: map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: s}}}, nil
+	return &Conn{raw: s}, nil
 }
 
 // Close closes the sockets.
@@ -123,16 +120,13 @@ func (c *Conn) Close() {
 		c.h.Close()
 		c.h = nil
 	}
-	for _, s := range c.raw {
-		s.Close()
-	}
+	c.raw.close()
 	c.raw = nil
 }
 
 func (c *Conn) request(typ, flags int) *nl.NetlinkRequest {
 	return &nl.NetlinkRequest{
 		NlMsghdr: unix.NlMsghdr{Len: unix.SizeofNlMsghdr, Type: uint16(typ), Flags: unix.NLM_F_REQUEST | uint16(flags)},
-		Sockets:  c.raw,
 	}
 }
 
@@ -154,8 +148,7 @@ func (c *Conn) setLink(index int, flags, mask uint32, attrs ...*nl.RtAttr) error
 	for _, a := range attrs {
 		req.AddData(a)
 	}
-	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
-	return err
+	return c.raw.exec(req, 0, nil)
 }
 
 // SetLoopback sets lo up or down and its alias in one request.
@@ -326,7 +319,7 @@ func (c *Conn) AddVeth(v VethPair) error {
 		peer.AddRtAttr(unix.IFLA_NET_NS_FD, nl.Uint32Attr(uint32(v.PeerNsFd)))
 	}
 	req.AddData(info)
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+	if err := c.raw.exec(req, 0, nil); err != nil {
 		return fmt.Errorf("veth %s/%s: %w", v.Host, v.Peer, err)
 	}
 	return nil
@@ -346,7 +339,7 @@ func (c *Conn) DeleteLink(index int) error {
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 	msg.Index = int32(index)
 	req.AddData(msg)
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+	if err := c.raw.exec(req, 0, nil); err != nil {
 		return fmt.Errorf("delete link %d: %w", index, err)
 	}
 	return nil
@@ -453,22 +446,29 @@ func (c *Conn) NsID(fd int) (int, error) {
 	req := c.request(unix.RTM_GETNSID, 0)
 	req.AddData(nl.NewRtGenMsg())
 	req.AddData(nl.NewRtAttr(unix.NETNSA_FD, nl.Uint32Attr(uint32(fd))))
-	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWNSID)
+	id, found := -1, false
+	err := c.raw.exec(req, unix.RTM_NEWNSID, func(m []byte) error {
+		if len(m) < 4 {
+			return errShort
+		}
+		attrs, err := parseAttrs(m[4:]) // struct rtgenmsg, aligned
+		if err != nil {
+			return err
+		}
+		for _, a := range attrs {
+			if a.typ == unix.NETNSA_NSID && len(a.val) >= 4 {
+				id, found = int(int32(nl.NativeEndian().Uint32(a.val))), true
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return -1, fmt.Errorf("get nsid: %w", err)
 	}
-	for _, m := range msgs {
-		attrs, err := nl.ParseRouteAttr(m[nl.DeserializeRtGenMsg(m).Len():])
-		if err != nil {
-			return -1, fmt.Errorf("get nsid: %w", err)
-		}
-		for _, a := range attrs {
-			if a.Attr.Type == unix.NETNSA_NSID && len(a.Value) >= 4 {
-				return int(int32(nl.NativeEndian().Uint32(a.Value))), nil
-			}
-		}
+	if !found {
+		return -1, errors.New("get nsid: no id in the reply")
 	}
-	return -1, errors.New("get nsid: no id in the reply")
+	return id, nil
 }
 
 // AddDevice creates a link of a kind that needs no parameters (dummy,
@@ -482,7 +482,7 @@ func (c *Conn) AddDevice(kind, name string) error {
 	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
 	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated(kind))
 	req.AddData(info)
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+	if err := c.raw.exec(req, 0, nil); err != nil {
 		return fmt.Errorf("%s %s: %w", kind, name, err)
 	}
 	return nil
@@ -496,14 +496,19 @@ func (c *Conn) Netconf(family int, index int32) (map[uint16]int32, error) {
 	req := c.request(unix.RTM_GETNETCONF, 0)
 	req.AddData(&nl.RtGenMsg{RtGenmsg: unix.RtGenmsg{Family: uint8(family)}})
 	req.AddData(nl.NewRtAttr(netconfaIfindex, nl.Uint32Attr(uint32(index))))
-	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWNETCONF)
+	var out map[uint16]int32
+	err := c.raw.exec(req, unix.RTM_NEWNETCONF, func(m []byte) error {
+		var err error
+		out, err = parseNetconf(m)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("netconf: %w", err)
 	}
-	if len(msgs) != 1 {
-		return nil, fmt.Errorf("netconf: %d replies", len(msgs))
+	if out == nil {
+		return nil, errors.New("netconf: no reply")
 	}
-	return parseNetconf(msgs[0])
+	return out, nil
 }
 
 const netconfaIfindex = 1

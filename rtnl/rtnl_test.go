@@ -236,3 +236,40 @@ func FuzzParseNetconf(f *testing.F) {
 		rtnl.ParseNetconfForTest(b)
 	})
 }
+
+// The kernel's own message comes with its errno.
+func TestKernelErrorMessage(t *testing.T) {
+	nstest.RequireRoot(t)
+	h, err := netns.Create(func(*netns.NS) error {
+		c, err := rtnl.OpenLite()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		err = c.AddVeth(rtnl.VethPair{Host: "a", Peer: strings.Repeat("b", 20), PeerNsFd: -1})
+		var errno unix.Errno
+		if !errors.As(err, &errno) || !strings.Contains(err.Error(), errno.Error()+": ") {
+			t.Errorf("a veth with a 20-character name: %v; want the errno and the kernel's message", err)
+		}
+		// The Conn goes on answering after an error.
+		if ls, err := c.Links(); err != nil || len(ls) != 1 {
+			t.Errorf("links after an error: %v, %v", ls, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+}
+
+func FuzzMessages(f *testing.F) {
+	// An acknowledgement (error 0) of request 1, and an error with an
+	// extended acknowledgement message.
+	f.Add([]byte{36, 0, 0, 0, 2, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 16, 0, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0})
+	f.Add([]byte{48, 0, 0, 0, 2, 0, 0, 3, 1, 0, 0, 0, 0, 0, 0, 0, 234, 255, 255, 255, 16, 0, 0, 0, 16, 0, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0, 8, 0, 1, 0, 'b', 'a', 'd', 0, 4, 0, 0, 0})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rtnl.WalkMessagesForTest(b, 1)
+	})
+}
