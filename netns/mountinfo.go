@@ -2,7 +2,6 @@ package netns
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -61,16 +60,33 @@ func (m Mount) Propagation() string {
 
 // ReadMountInfo parses /proc/self/mountinfo.
 func ReadMountInfo() ([]Mount, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	var out []Mount
+	err := ScanMountInfo(func(m *Mount) { out = append(out, *m) })
+	return out, err
+}
+
+// ScanMountInfo calls fn with each mount of /proc/self/mountinfo, read and
+// parsed one line at a time: on a host with tens of thousands of pins the
+// table is megabytes, and most callers keep a few mounts of it.
+func ScanMountInfo(fn func(*Mount)) error {
+	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
+		return fmt.Errorf("read mountinfo: %w", err)
 	}
-	return ParseMountInfo(bytes.NewReader(data))
+	defer f.Close()
+	return scanMountInfo(f, fn)
 }
 
 // ParseMountInfo parses text in the format of /proc/PID/mountinfo.
 func ParseMountInfo(r io.Reader) ([]Mount, error) {
 	var out []Mount
+	if err := scanMountInfo(r, func(m *Mount) { out = append(out, *m) }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func scanMountInfo(r io.Reader, fn func(*Mount)) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	n := 0
@@ -82,14 +98,14 @@ func ParseMountInfo(r io.Reader) ([]Mount, error) {
 		}
 		m, err := parseMountLine(line)
 		if err != nil {
-			return nil, fmt.Errorf("mountinfo line %d: %w", n, err)
+			return fmt.Errorf("mountinfo line %d: %w", n, err)
 		}
-		out = append(out, m)
+		fn(&m)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("mountinfo: %w", err)
+		return fmt.Errorf("mountinfo: %w", err)
 	}
-	return out, nil
+	return nil
 }
 
 func parseMountLine(line string) (Mount, error) {

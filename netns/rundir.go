@@ -3,6 +3,7 @@ package netns
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -107,7 +108,12 @@ type MountState struct {
 
 // State reads the run dir's mount state from /proc/self/mountinfo.
 func (d *RunDir) State() (MountState, error) {
-	mounts, err := ReadMountInfo()
+	var mounts []Mount // only those stateFrom looks at: not the pins
+	err := ScanMountInfo(func(m *Mount) {
+		if isUnder(d.Path, m.MountPoint) {
+			mounts = append(mounts, *m)
+		}
+	})
 	if err != nil {
 		return MountState{}, err
 	}
@@ -393,44 +399,51 @@ func (d *RunDir) List() ([]PinInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", d.Path, err)
 	}
-	ents, err := f.ReadDir(-1)
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", d.Path, err)
-	}
-	mounts, err := ReadMountInfo()
-	if err != nil {
-		return nil, err
-	}
+	defer f.Close()
+	// Mounts first, then the directory, both streamed: the pins' mount
+	// table lines and directory entries are never all held at once.
 	type mstate struct {
 		n     int
 		inode uint64
 	}
-	byPath := map[string]*mstate{}
-	for _, m := range mounts {
+	byName := map[string]*mstate{}
+	err = ScanMountInfo(func(m *Mount) {
 		if filepath.Dir(m.MountPoint) != d.Path {
-			continue
+			return
 		}
-		s := byPath[m.MountPoint]
+		name := filepath.Base(m.MountPoint)
+		s := byName[name]
 		if s == nil {
 			s = &mstate{}
-			byPath[m.MountPoint] = s
+			byName[strings.Clone(name)] = s
 		}
 		s.n++
 		s.inode = 0
 		if m.FSType == "nsfs" {
 			s.inode = nsfsInode(m.Root)
 		}
+	})
+	if err != nil {
+		return nil, err
 	}
-	out := make([]PinInfo, 0, len(ents))
-	for _, e := range ents {
-		pi := PinInfo{Name: e.Name(), Symlink: e.Type()&os.ModeSymlink != 0}
-		if s := byPath[filepath.Join(d.Path, e.Name())]; s != nil {
-			pi.Mounts = s.n
-			pi.Mounted = s.inode != 0
-			pi.Inode = s.inode
+	var out []PinInfo
+	for {
+		ents, err := f.ReadDir(4096)
+		for _, e := range ents {
+			pi := PinInfo{Name: e.Name(), Symlink: e.Type()&os.ModeSymlink != 0}
+			if s := byName[pi.Name]; s != nil {
+				pi.Mounts = s.n
+				pi.Mounted = s.inode != 0
+				pi.Inode = s.inode
+			}
+			out = append(out, pi)
 		}
-		out = append(out, pi)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w", d.Path, err)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil

@@ -30,11 +30,8 @@ func parseLink(b []byte) (Link, error) {
 		Type:     "device",
 		PeerNsID: -1,
 	}
-	attrs, err := parseAttrs(b[unix.SizeofIfInfomsg:])
-	if err != nil {
-		return Link{}, fmt.Errorf("link %d: %w", l.Index, err)
-	}
-	for _, a := range attrs {
+	var ierr error
+	err := walkAttrs(b[unix.SizeofIfInfomsg:], func(a attr) {
 		switch a.typ {
 		case unix.IFLA_IFNAME:
 			l.Name = cstring(a.val)
@@ -58,16 +55,21 @@ func parseLink(b []byte) (Link, error) {
 				l.PeerElsewhere = true
 			}
 		case unix.IFLA_LINKINFO:
-			info, err := parseAttrs(a.val)
-			if err != nil {
-				return Link{}, fmt.Errorf("link %d linkinfo: %w", l.Index, err)
-			}
-			for _, i := range info {
+			err := walkAttrs(a.val, func(i attr) {
 				if i.typ == unix.IFLA_INFO_KIND {
 					l.Type = cstring(i.val)
 				}
+			})
+			if err != nil && ierr == nil {
+				ierr = fmt.Errorf("link %d linkinfo: %w", l.Index, err)
 			}
 		}
+	})
+	if err != nil {
+		return Link{}, fmt.Errorf("link %d: %w", l.Index, err)
+	}
+	if ierr != nil {
+		return Link{}, ierr
 	}
 	if l.Name == "" {
 		return Link{}, fmt.Errorf("link %d: no name", l.Index)
@@ -84,20 +86,28 @@ type attr struct {
 // NLA_F_NET_BYTEORDER bits are masked off the type).
 func parseAttrs(b []byte) ([]attr, error) {
 	var out []attr
+	err := walkAttrs(b, func(a attr) { out = append(out, a) })
+	return out, err
+}
+
+// walkAttrs calls fn with each attribute of b, in order, without building
+// a list: a link message has some sixty attributes, and a fleet's reads
+// parse three such messages per namespace.
+func walkAttrs(b []byte, fn func(attr)) error {
 	for len(b) >= unix.SizeofRtAttr {
 		n := int(binary.NativeEndian.Uint16(b[0:2]))
 		typ := binary.NativeEndian.Uint16(b[2:4]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
 		if n < unix.SizeofRtAttr || n > len(b) {
-			return nil, fmt.Errorf("attribute of length %d in %d bytes", n, len(b))
+			return fmt.Errorf("attribute of length %d in %d bytes", n, len(b))
 		}
-		out = append(out, attr{typ: typ, val: b[unix.SizeofRtAttr:n]})
+		fn(attr{typ: typ, val: b[unix.SizeofRtAttr:n]})
 		aligned := (n + unix.RTA_ALIGNTO - 1) &^ (unix.RTA_ALIGNTO - 1)
 		if aligned > len(b) {
 			break
 		}
 		b = b[aligned:]
 	}
-	return out, nil
+	return nil
 }
 
 func cstring(b []byte) string {
@@ -115,7 +125,7 @@ func (c *Conn) getLinks(index int, name string, nsid int) ([]Link, error) {
 	if index == 0 && name == "" {
 		flags = unix.NLM_F_DUMP
 	}
-	var out []Link
+	out := make([]Link, 0, 4) // a namespace of a fleet has a few
 	err := retryDump(func() error {
 		req := c.request(unix.RTM_GETLINK, flags)
 		msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
@@ -151,15 +161,14 @@ func parseNetconf(b []byte) (map[uint16]int32, error) {
 	if len(b) < hdr {
 		return nil, fmt.Errorf("netconf message: %w", errShort)
 	}
-	attrs, err := parseAttrs(b[hdr:])
-	if err != nil {
-		return nil, fmt.Errorf("netconf: %w", err)
-	}
-	out := make(map[uint16]int32, len(attrs))
-	for _, a := range attrs {
+	out := make(map[uint16]int32, 8)
+	err := walkAttrs(b[hdr:], func(a attr) {
 		if len(a.val) >= 4 {
 			out[a.typ] = int32(binary.NativeEndian.Uint32(a.val))
 		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("netconf: %w", err)
 	}
 	return out, nil
 }
