@@ -47,6 +47,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"github.com/nsfleet/nsfleet/internal/pool"
@@ -128,6 +129,30 @@ func Current() (*NS, error) {
 	return OpenPath("/proc/thread-self/ns/net")
 }
 
+// home is the namespace nsfleet was started in, opened once, on first use,
+// by a thread that is still in it (every thread outside Create and Do is).
+// Create and Do switch back to it: opening it per call cost a procfs path
+// walk and three more system calls per namespace entered.
+var home struct {
+	once sync.Once
+	ns   *NS
+}
+
+// homeNS returns the start namespace, or opens the calling thread's (which
+// the caller closes) if the shared handle could not be opened.
+func homeNS() (ns *NS, shared bool, err error) {
+	home.once.Do(func() {
+		if h, err := Current(); err == nil {
+			home.ns = h
+		}
+	})
+	if home.ns != nil {
+		return home.ns, true, nil
+	}
+	ns, err = Current()
+	return ns, false, err
+}
+
 // open is open(2) that waits out a lack of descriptors (see pool.Retry).
 func open(path string, flags int) (int, error) {
 	return pool.RetryValue(func() (int, error) { return unix.Open(path, flags, 0) })
@@ -155,13 +180,15 @@ func Create(fn func(inside *NS) error) (*NS, error) {
 		var r result
 		defer func() { ch <- r }()
 		runtime.LockOSThread()
-		orig, err := Current()
+		orig, shared, err := homeNS()
 		if err != nil {
 			runtime.UnlockOSThread()
 			r.err = fmt.Errorf("open own namespace: %w", err)
 			return
 		}
-		defer orig.Close()
+		if !shared {
+			defer orig.Close()
+		}
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
 			r.err = unshareError(err)
@@ -221,13 +248,15 @@ func Do(ns *NS, fn func() error) error {
 		var err error
 		defer func() { ch <- err }()
 		runtime.LockOSThread()
-		orig, oerr := Current()
+		orig, shared, oerr := homeNS()
 		if oerr != nil {
 			runtime.UnlockOSThread()
 			err = fmt.Errorf("open own namespace: %w", oerr)
 			return
 		}
-		defer orig.Close()
+		if !shared {
+			defer orig.Close()
+		}
 		if serr := unix.Setns(ns.fd, unix.CLONE_NEWNET); serr != nil {
 			runtime.UnlockOSThread()
 			err = fmt.Errorf("setns %s: %w", ns, serr)
