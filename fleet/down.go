@@ -14,7 +14,6 @@ import (
 	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
-	"golang.org/x/sys/unix"
 )
 
 // Selector chooses namespaces by exact names (from a spec) or by prefix.
@@ -262,12 +261,17 @@ func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration,
 	if stall <= 0 {
 		stall = 60 * time.Second
 	}
-	veths := map[int]string{}
-	owner := map[int]string{}
+	// In the order they were unpinned, which is about the order the
+	// kernel frees them in (cleanup_net takes its queue in batches).
+	var veths []hostVeth
 	for _, tg := range live {
-		for idx, name := range tg.veths {
-			veths[idx] = name
-			owner[idx] = tg.name
+		idx := make([]int, 0, len(tg.veths))
+		for i := range tg.veths {
+			idx = append(idx, i)
+		}
+		sort.Ints(idx)
+		for _, i := range idx {
+			veths = append(veths, hostVeth{index: i, name: tg.veths[i], owner: tg.name})
 		}
 	}
 	rep.HostVeths = len(veths)
@@ -292,21 +296,21 @@ func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration,
 		}
 	}()
 	type polled struct {
-		left map[int]string
+		left []hostVeth
 		err  error
 		at   time.Duration
 	}
 	td.progress("wait", 0, len(veths))
 	pc := make(chan polled, 1)
 	go func() {
-		c, err := rtnl.Open()
+		dev, err := rtnl.OpenDevices()
 		if err != nil {
 			pc <- polled{left: veths, err: err}
 			return
 		}
-		defer c.Close()
+		defer dev.Close()
 		prev := len(veths)
-		left, err := waitLinksGone(wctx, c, veths, func(n int) {
+		left, err := waitLinksGone(wctx, dev, veths, func(n int) {
 			if n < prev {
 				prev = n
 				lastMove.Store(time.Now().UnixNano())
@@ -315,17 +319,17 @@ func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration,
 		})
 		pc <- polled{left, err, time.Since(td.t.start)}
 	}()
-	berr := freeBarrier(wctx, td.host, sents)
+	berr := freeBarrier(wctx, sents)
 	freedAt := time.Since(td.t.start)
 	pr := <-pc
 	rep.LinksGone = pr.at
 	switch {
 	case pr.err != nil:
 		seen := map[string]bool{}
-		for idx, name := range pr.left {
-			if !seen[owner[idx]] {
-				seen[owner[idx]] = true
-				rep.Pending = append(rep.Pending, fmt.Sprintf("%s (host veth %s still present: a process or mount still holds the namespace)", owner[idx], name))
+		for _, v := range pr.left {
+			if !seen[v.owner] {
+				seen[v.owner] = true
+				rep.Pending = append(rep.Pending, fmt.Sprintf("%s (host veth %s still present: a process or mount still holds the namespace)", v.owner, v.name))
 			}
 		}
 		if len(rep.Pending) == 0 {
@@ -399,34 +403,46 @@ func IsOwned(h *netns.NS) (bool, error) {
 	return owned, err
 }
 
-// waitLinksGone polls the host's links until none of veths (ifindex -> name,
-// "" when not known yet) is left. On timeout it returns those still there,
-// with their names.
-func waitLinksGone(ctx context.Context, host *rtnl.Conn, veths map[int]string, onPoll func(left int)) (map[int]string, error) {
-	left := veths
-	// Each poll is a dump of every host link, and the kernel fills in each
-	// veth's peer namespace id by a scan over every id the host has
-	// assigned: on a large fleet a dump costs CPU that the kernel's cleanup
-	// needs. So poll gently, never more than a fifth of the time.
-	for delay := 2 * time.Millisecond; ; {
-		if len(left) == 0 {
-			return nil, nil
-		}
-		t0 := time.Now()
-		links, err := host.Links()
-		if err != nil {
-			return left, err
-		}
-		delay = min(max(delay*2, 4*time.Since(t0)), 2*time.Second)
-		now := make(map[int]string)
-		for _, l := range links {
-			// A name not known yet ("") is learnt from the first poll; a
-			// known one guards against a reused index.
-			if name, ok := left[l.Index]; ok && (name == "" || name == l.Name) {
-				now[l.Index] = l.Name
+// hostVeth is a host end that Down waits for.
+type hostVeth struct {
+	index int
+	name  string // "" until first seen
+	owner string // the namespace it is paired into
+}
+
+// waitLinksGone polls the host ends in veths until none is left, and on
+// ctx's end returns those still there. It asks about each by index
+// (rtnl.Devices: no rtnetlink, whose every answer about a veth costs a scan
+// over the host's namespace ids, which a dump of the host pays per veth:
+// at 40,000 routers each dump took seconds of the CPU the kernel's cleanup
+// needs). The kernel frees the namespaces about in the order they were
+// released, so each poll asks from the first end still there up to
+// lookahead more, and every end is found gone about once: the whole wait
+// asks O(N) questions.
+func waitLinksGone(ctx context.Context, dev *rtnl.Devices, veths []hostVeth, onPoll func(left int)) ([]hostVeth, error) {
+	const lookahead = 32
+	left := append([]hostVeth(nil), veths...)
+	for delay := 2 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
+		kept := left[:0]
+		present := 0
+		for i, v := range left {
+			if present > lookahead {
+				kept = append(kept, left[i:]...)
+				break
+			}
+			name, ok, err := dev.NameOf(v.index)
+			if err != nil {
+				return left, err
+			}
+			// A name not known yet is learnt now; a known one guards
+			// against a reused index.
+			if ok && (v.name == "" || v.name == name) {
+				v.name = name
+				kept = append(kept, v)
+				present++
 			}
 		}
-		left = now
+		left = kept
 		if onPoll != nil {
 			onPoll(len(left))
 		}
@@ -435,10 +451,24 @@ func waitLinksGone(ctx context.Context, host *rtnl.Conn, veths map[int]string, o
 		}
 		select {
 		case <-ctx.Done():
-			return left, ctx.Err()
+			return stillThere(dev, left), ctx.Err()
 		case <-time.After(delay):
 		}
 	}
+}
+
+// stillThere asks about every end once more, for the report of a stall.
+func stillThere(dev *rtnl.Devices, veths []hostVeth) []hostVeth {
+	var out []hostVeth
+	for _, v := range veths {
+		if name, ok, err := dev.NameOf(v.index); err != nil || ok && (v.name == "" || v.name == name) {
+			if v.name == "" {
+				v.name = name
+			}
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // sentinel is a throwaway namespace with a veth whose host end shows when
@@ -477,10 +507,15 @@ func (s *sentinel) release() { s.ns.Close() }
 // gone, every earlier batch is complete and the current one has unregistered
 // its devices. The second, released after that, proves the first one's batch
 // (which may hold ours) ran to the end.
-func freeBarrier(ctx context.Context, host *rtnl.Conn, sents []*sentinel) error {
+func freeBarrier(ctx context.Context, sents []*sentinel) error {
+	dev, err := rtnl.OpenDevices()
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
 	for _, s := range sents {
 		s.release()
-		if err := s.waitGone(ctx, host); err != nil {
+		if err := s.waitGone(ctx, dev); err != nil {
 			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 				return fmt.Errorf("sentinel %s not cleaned up in time", s.name)
 			}
@@ -490,16 +525,16 @@ func freeBarrier(ctx context.Context, host *rtnl.Conn, sents []*sentinel) error 
 	return nil
 }
 
-// waitGone polls the sentinel's host veth by its index (one link, not a
-// dump of all of them) until it is gone.
-func (s *sentinel) waitGone(ctx context.Context, host *rtnl.Conn) error {
+// waitGone polls the sentinel's host veth by its index (one ioctl, not
+// rtnetlink: see waitLinksGone) until it is gone.
+func (s *sentinel) waitGone(ctx context.Context, dev *rtnl.Devices) error {
 	for delay := time.Millisecond; ; delay = min(delay*2, 50*time.Millisecond) {
-		l, err := host.LinkByIndex(s.index)
-		if errors.Is(err, unix.ENODEV) || err == nil && l.Name != s.name {
-			return nil
-		}
+		name, ok, err := dev.NameOf(s.index)
 		if err != nil {
 			return err
+		}
+		if !ok || name != s.name {
+			return nil
 		}
 		select {
 		case <-ctx.Done():

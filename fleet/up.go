@@ -145,7 +145,7 @@ func waitFreed(ctx context.Context, timeout time.Duration) error {
 		defer s.release()
 		sents = append(sents, s)
 	}
-	return freeBarrier(ctx, host, sents)
+	return freeBarrier(ctx, sents)
 }
 
 // snapshot is what every worker needs of the host side: a Devices to ask
