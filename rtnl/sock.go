@@ -23,6 +23,7 @@ type sock struct {
 	mu  sync.Mutex
 	fd  int
 	seq uint32
+	ack bool // extended acknowledgements asked for
 }
 
 // recvBufSize holds any message the kernel sends: it caps a dump's
@@ -38,10 +39,6 @@ func openSock() (*sock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netlink socket: %w", err)
 	}
-	// The kernel's own words on an error ("Invalid MTU specified", ...),
-	// with the request not echoed back; kernels without them ignore this.
-	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
-	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
 	// No bind: the first send binds the socket to a port the kernel picks,
 	// and replies are told apart by sequence number.
 	return &sock{fd: fd}, nil
@@ -64,6 +61,15 @@ var kernel = &unix.SockaddrNetlink{Family: unix.AF_NETLINK}
 func (s *sock) exec(req *nl.NetlinkRequest, resType uint16, f func([]byte) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.ack && req.Type&3 != 2 { // not an RTM_GET*: it may fail with a reason
+		s.ack = true
+		// The kernel's own words on an error ("Invalid MTU specified",
+		// ...), with the request not echoed back; kernels without them
+		// ignore this. Not asked for on sockets that only read (a
+		// fleet's reads open one per namespace).
+		_ = unix.SetsockoptInt(s.fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
+		_ = unix.SetsockoptInt(s.fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
+	}
 	s.seq++
 	req.Seq = s.seq
 	if err := unix.Sendto(s.fd, req.Serialize(), 0, kernel); err != nil {
