@@ -281,14 +281,29 @@ func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration,
 	}
 	rep.HostVeths = len(veths)
 	rep.Waited = true
-	// The deadline moves on whenever a veth goes: only a stall ends it.
+	// The deadline moves on whenever a veth goes or the kernel drops one
+	// of the host's namespace ids (the first step of freeing a namespace:
+	// a batch of thousands can take minutes before its devices go): only
+	// a stall ends it. Once every veth is gone nothing can stall: a
+	// namespace held by a process or a mount keeps its devices.
 	wctx, cancel := context.WithCancel(td.ctx)
 	defer cancel()
 	var lastMove atomic.Int64
+	var linksGone atomic.Bool
 	lastMove.Store(time.Now().UnixNano())
+	go func() {
+		err := rtnl.WatchNsIDs(wctx, func() { lastMove.Store(time.Now().UnixNano()) })
+		if err != nil {
+			td.opts.log().Debug("namespace id announcements", "err", err)
+		}
+	}()
 	go func() {
 		for {
 			left := stall - time.Since(time.Unix(0, lastMove.Load()))
+			if left <= 0 && linksGone.Load() {
+				lastMove.Store(time.Now().UnixNano())
+				continue
+			}
 			if left <= 0 {
 				cancel()
 				return
@@ -322,6 +337,9 @@ func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration,
 			}
 			td.progress("wait", len(veths)-n, len(veths))
 		})
+		if err == nil {
+			linksGone.Store(true)
+		}
 		pc <- polled{left, err, time.Since(td.t.start)}
 	}()
 	berr := freeBarrier(wctx, sents)

@@ -1,11 +1,13 @@
 package rtnl_test
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"github.com/nsfleet/nsfleet/netns"
@@ -272,4 +274,49 @@ func FuzzMessages(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rtnl.WalkMessagesForTest(b, 1)
 	})
+}
+
+// Freeing a namespace that has an id in this one is announced.
+func TestWatchNsIDs(t *testing.T) {
+	nstest.RequireRoot(t)
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	host, err := rtnl.OpenLite()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	h, err := netns.Create(func(in *netns.NS) error {
+		return host.AddVeth(rtnl.VethPair{Host: p + "w", Peer: "p", PeerNsFd: in.Fd()})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, err := host.NsID(h.Fd()); err != nil || id < 0 {
+		h.Close()
+		t.Fatalf("the namespace has no id here: %d, %v", id, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	seen := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- rtnl.WatchNsIDs(ctx, func() {
+			select {
+			case seen <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	time.Sleep(100 * time.Millisecond) // subscribed before the release
+	h.Close()
+	select {
+	case <-seen:
+	case <-ctx.Done():
+		t.Fatal("no announcement within 30 s of freeing a namespace with an id here")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }
