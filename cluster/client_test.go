@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
 // pki writes a CA, a server certificate for 127.0.0.1 and a client
@@ -83,7 +84,8 @@ func TestConnectTLSAndAuth(t *testing.T) {
 	cfg.InitialCluster = cfg.Name + "=" + pu.String()
 	cfg.ClientTLSInfo.CertFile, cfg.ClientTLSInfo.KeyFile = sc, sk
 	cfg.ClientTLSInfo.TrustedCAFile, cfg.ClientTLSInfo.ClientCertAuth = ca, true
-	cfg.LogLevel, cfg.LogOutputs = "error", []string{filepath.Join(dir, "etcd.log")}
+	// No log file: zap would keep it open after the server is closed.
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		t.Fatal(err)
