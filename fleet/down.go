@@ -78,6 +78,7 @@ const unpinners = 256
 
 type target struct {
 	name  string
+	inode uint64 // of the namespace: the order it was made in
 	veths map[int]string // host-side veths paired into it
 }
 
@@ -146,6 +147,14 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 			sents = append(sents, sn)
 		}
 	}
+	// Oldest first. Freeing a namespace drops the id the host has for it
+	// (unhash_nsid), found by a walk over the host's ids from the lowest,
+	// and ids are handed out lowest-free as namespaces are made: released
+	// in the order they were made (namespace inode numbers are handed out
+	// the same way), each walk meets few ids still there. By name, the
+	// same 40,000 took the kernel 139-232 s to free; in this order 83 s,
+	// level with unmounting every pin in a C loop (71-90 s).
+	sort.SliceStable(targets, func(i, j int) bool { return targets[i].inode < targets[j].inode })
 	live := td.unpin(targets)
 	var rep DownReport
 	rep.StaleRemove = int(td.stale.Load())
@@ -204,6 +213,9 @@ func (td *teardown) check(pins []netns.PinInfo) ([]*target, error) {
 			return
 		}
 		tg, err := check(rd, home, p.Name, opts.Adopt)
+		if tg != nil {
+			tg.inode = p.Inode
+		}
 		if err != nil {
 			if errors.Is(err, ErrForeign) {
 				td.fail(p.Name, Skipped, err)
