@@ -78,7 +78,7 @@ const unpinners = 256
 
 type target struct {
 	name  string
-	inode uint64 // of the namespace: the order it was made in
+	inode uint64         // of the namespace: the order it was made in
 	veths map[int]string // host-side veths paired into it
 }
 
