@@ -112,18 +112,7 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		}
 	}
 	emit := newEmitter(out, opts.OnStatus)
-	workers := opts.Workers
-	if workers <= 0 {
-		// Reading blocks now and then in the kernel (a sysfs entry
-		// looked up for the first time makes its dentry and inode under
-		// the directory's lock): one reader more than CPUs keeps them
-		// busy. 40,000 routers, first ls after dropping the dentry
-		// cache: 3.32/3.24 s with 2 readers on 2 CPUs, 2.97/2.87 s with
-		// 3, 3.48 s with 4; warm: 2.60/2.52 s with 2, 2.81/2.64 s with 3.
-		workers = DefaultWorkers() + 1
-	}
-	workers = min(workers, max(len(names), 1))
-	pool.Run(ctx, len(names), pool.Fit(workers, fdsPerChecker), func() (*reader, error) {
+	pool.Run(ctx, len(names), pool.Fit(opts.workers(len(names)), fdsPerChecker), func() (*reader, error) {
 		return openReader(needProc), nil
 	}, (*reader).close, func(r *reader, i int) {
 		defer emit.done(i)
