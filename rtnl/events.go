@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/nsfleet/nsfleet/internal/pool"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,7 +22,9 @@ const rtnlgrpNsid = 28
 // unregistered together). An overrun of the socket's buffer counts as an
 // announcement: it means there were many.
 func WatchNsIDs(ctx context.Context, fn func()) error {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	fd, err := pool.RetryValue(func() (int, error) {
+		return unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	})
 	if err != nil {
 		return err
 	}

@@ -82,16 +82,9 @@ type attr struct {
 	val []byte
 }
 
-// parseAttrs splits a buffer of netlink attributes (NLA_F_NESTED and
-// NLA_F_NET_BYTEORDER bits are masked off the type).
-func parseAttrs(b []byte) ([]attr, error) {
-	var out []attr
-	err := walkAttrs(b, func(a attr) { out = append(out, a) })
-	return out, err
-}
-
-// walkAttrs calls fn with each attribute of b, in order, without building
-// a list: a link message has some sixty attributes, and a fleet's reads
+// walkAttrs calls fn with each attribute of b, in order (NLA_F_NESTED and
+// NLA_F_NET_BYTEORDER bits are masked off the type), without building a
+// list: a link message has some sixty attributes, and a fleet's reads
 // parse three such messages per namespace.
 func walkAttrs(b []byte, fn func(attr)) error {
 	for len(b) >= unix.SizeofRtAttr {

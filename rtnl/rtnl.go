@@ -451,16 +451,11 @@ func (c *Conn) NsID(fd int) (int, error) {
 		if len(m) < 4 {
 			return errShort
 		}
-		attrs, err := parseAttrs(m[4:]) // struct rtgenmsg, aligned
-		if err != nil {
-			return err
-		}
-		for _, a := range attrs {
+		return walkAttrs(m[4:], func(a attr) { // after struct rtgenmsg, aligned
 			if a.typ == unix.NETNSA_NSID && len(a.val) >= 4 {
 				id, found = int(int32(nl.NativeEndian().Uint32(a.val))), true
 			}
-		}
-		return nil
+		})
 	})
 	if err != nil {
 		return -1, fmt.Errorf("get nsid: %w", err)

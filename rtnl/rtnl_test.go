@@ -271,6 +271,9 @@ func FuzzMessages(f *testing.F) {
 	f.Add([]byte{36, 0, 0, 0, 2, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 16, 0, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0})
 	f.Add([]byte{48, 0, 0, 0, 2, 0, 0, 3, 1, 0, 0, 0, 0, 0, 0, 0, 234, 255, 255, 255, 16, 0, 0, 0, 16, 0, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0, 8, 0, 1, 0, 'b', 'a', 'd', 0, 4, 0, 0, 0})
 	f.Add([]byte{})
+	// An error whose echoed request length (17) is not aligned and ends
+	// the message.
+	f.Add([]byte{37, 0, 0, 0, 2, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 234, 255, 255, 255, 17, 0, 0, 0, 16, 0, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rtnl.WalkMessagesForTest(b, 1)
 	})

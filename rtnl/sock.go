@@ -161,17 +161,18 @@ func kernelError(errno unix.Errno, flags uint16, rest []byte) error {
 	if flags&unix.NLM_F_CAPPED != 0 {
 		echoed = unix.NLMSG_HDRLEN // only the request's header came back
 	}
+	echoed = (echoed + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1)
 	if echoed < unix.NLMSG_HDRLEN || echoed > len(rest) {
 		return errno
 	}
-	attrs, err := parseAttrs(rest[(echoed+3)&^3:])
-	if err != nil {
+	msg := ""
+	walkAttrs(rest[echoed:], func(a attr) {
+		if a.typ == unix.NLMSGERR_ATTR_MSG {
+			msg = cstring(a.val)
+		}
+	})
+	if msg == "" {
 		return errno
 	}
-	for _, a := range attrs {
-		if a.typ == unix.NLMSGERR_ATTR_MSG {
-			return fmt.Errorf("%w: %s", errno, cstring(a.val))
-		}
-	}
-	return errno
+	return fmt.Errorf("%w: %s", errno, msg)
 }
