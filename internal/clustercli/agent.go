@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -87,7 +88,7 @@ nothing else.`,
 			if err != nil {
 				return fmt.Errorf("agent: %w", err)
 			}
-			lock, err := rd.Lock(false)
+			lock, err := lockRunDir(ctx, rd, g.log)
 			if err != nil {
 				return fmt.Errorf("agent: %w", err)
 			}
@@ -175,4 +176,27 @@ func newEtcdMember(g *globals) *cobra.Command {
 	f.StringVar(&m.Peer, "peer", "", "peer URL")
 	f.StringVar(&m.Cluster, "initial-cluster", "", "name=peerURL,...")
 	return cmd
+}
+
+// lockRunDir takes the run dir's lock, waiting while another nsfleet holds
+// it: a `nsfleet up` run by hand finishes, and an agent restarted after a
+// crash finds its predecessor's lock held until the last of that process's
+// threads has exited (its main thread is a zombie before then). An agent is
+// a service: failing would only make its supervisor restart it.
+func lockRunDir(ctx context.Context, rd *netns.RunDir, log *slog.Logger) (*netns.Lock, error) {
+	for logged := false; ; {
+		lock, err := rd.Lock(false)
+		if !errors.Is(err, netns.ErrLocked) {
+			return lock, err
+		}
+		if !logged {
+			log.Warn("waiting for the run dir lock", "err", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
