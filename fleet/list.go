@@ -111,6 +111,11 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 			needProc = needProc || len(f.Namespaces[i].Sysctls) > 0
 		}
 	}
+	// One read of the store says which namespaces have processes recorded.
+	var recorded map[string]bool
+	if opts.Store != nil {
+		recorded, _ = opts.Store.Namespaces() // nil on error: ask each
+	}
 	emit := newEmitter(out, opts.OnStatus)
 	pool.Run(ctx, len(names), pool.Fit(opts.workers(len(names)), fdsPerChecker), func() (*reader, error) {
 		return openReader(needProc), nil
@@ -129,7 +134,7 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		if err := inspect(rd, r, snap, want, st); err != nil {
 			st.State, st.Error = StateError, err.Error()
 		}
-		procStates(opts.Store, want, st)
+		procStates(opts.Store, recorded, want, st)
 	})
 	if ctx.Err() != nil {
 		return emit.result(), ctx.Err()
@@ -200,12 +205,16 @@ func pinState(pins map[string]netns.PinInfo, st *Status) bool {
 }
 
 // procStates fills in the namespace's processes: those recorded, and those
-// the spec wants but nobody started (drift).
-func procStates(store *proc.Store, want *spec.Namespace, st *Status) {
+// the spec wants but nobody started (drift). recorded, when not nil, holds
+// the namespaces that have records (Store.Namespaces); others are not asked.
+func procStates(store *proc.Store, recorded map[string]bool, want *spec.Namespace, st *Status) {
 	if store == nil {
 		return
 	}
-	recs, _ := store.Records(st.Name)
+	var recs []*proc.Record
+	if recorded == nil || recorded[st.Name] {
+		recs, _ = store.Records(st.Name)
+	}
 	seen := map[string]bool{}
 	for _, r := range recs {
 		ps := ProcStatus{Name: r.Name, PID: r.PID, State: "running", Restarts: r.Restarts, Log: store.LogPath(st.Name, r.Name)}
@@ -255,11 +264,12 @@ func openReader(needProc bool) *reader {
 func (r *reader) close() { r.sysctls.Close() }
 
 func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, st *Status) error {
-	h, err := rd.Open(st.Name)
+	h, err := rd.OpenKnown(st.Name, st.Inode)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
+	st.Inode = h.Inode()
 	obs := Observed{HostAddrs: snap.addrs, HostIDInside: -1}
 	if want != nil {
 		if obs.HostLinks, err = snap.hostLinks(want); err != nil {

@@ -120,8 +120,13 @@ func fromFd(fd int) (*NS, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, err
 	}
+	nsfsDev.CompareAndSwap(0, uint64(st.Dev))
 	return &NS{fd: fd, inode: st.Ino}, nil
 }
+
+// nsfsDev is nsfs's device number, learnt from the first namespace opened
+// (see RunDir.OpenKnown); 0 until then.
+var nsfsDev atomic.Uint64
 
 // Current opens the network namespace of the calling thread. Outside Create
 // and Do that is the namespace nsfleet was started in.

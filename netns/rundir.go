@@ -357,6 +357,39 @@ func (d *RunDir) Open(name string) (*NS, error) {
 	return n, nil
 }
 
+// OpenKnown is Open for a pin that List showed with inode mounted on it:
+// when the opened file is still that namespace (same inode, on nsfs), one
+// fstat proves it and the two other checks of Open are skipped; anything
+// else gets Open's checks. Going through a whole fleet, that is two system
+// calls fewer per namespace.
+func (d *RunDir) OpenKnown(name string, inode uint64) (*NS, error) {
+	dev := nsfsDev.Load()
+	if inode == 0 || dev == 0 {
+		return d.Open(name)
+	}
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	p := d.PinPath(name)
+	fd, err := open(p, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, fmt.Errorf("open %s: %w", p, ErrSymlink)
+		}
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err == nil && st.Ino == inode && uint64(st.Dev) == dev {
+		return &NS{fd: fd, inode: inode}, nil
+	}
+	n, err := fromFd(fd)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open %s: %w", p, err)
+	}
+	return n, nil
+}
+
 // Pin describes one entry of the run dir.
 type PinInfo struct {
 	Name    string

@@ -135,6 +135,26 @@ func (s *Store) Save(r *Record) error {
 	return os.Rename(tmp, p)
 }
 
+// Namespaces returns the namespaces that have records, read in one pass:
+// a caller going through a whole fleet asks Records only about those
+// (looking for each namespace's directory cost a failed path walk each).
+func (s *Store) Namespaces() (map[string]bool, error) {
+	ents, err := os.ReadDir(filepath.Join(s.Dir, "procs"))
+	if errors.Is(err, os.ErrNotExist) {
+		return map[string]bool{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]bool, len(ents))
+	for _, e := range ents {
+		if e.IsDir() {
+			out[e.Name()] = true
+		}
+	}
+	return out, nil
+}
+
 // Records returns the records of one namespace, sorted by process name.
 func (s *Store) Records(ns string) ([]*Record, error) {
 	ents, err := os.ReadDir(filepath.Join(s.Dir, "procs", ns))

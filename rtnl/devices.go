@@ -32,6 +32,10 @@ import (
 type Devices struct {
 	fd  int // AF_INET datagram socket for the ioctls
 	sys int // private sysfs root, or -1
+	// dirs: the sysfs directories names are looked up in (devices/virtual/net,
+	// then class/net), opened once: a lookup then walks two path components
+	// instead of five.
+	dirs []int
 }
 
 // OpenDevices opens a Devices for the calling thread's namespace.
@@ -45,6 +49,18 @@ func OpenDevices() (*Devices, error) {
 	d := &Devices{fd: fd, sys: -1}
 	if s, err := openSysfs(); err == nil {
 		d.sys = s
+		// Virtual devices (veth, dummy, bridge: what a fleet's host ends
+		// are) are looked for where they live first; class/net holds a
+		// symbolic link to every device.
+		for _, dir := range [...]string{"devices/virtual/net", "class/net"} {
+			if fd, err := unix.Openat(s, dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+				d.dirs = append(d.dirs, fd)
+			}
+		}
+		if len(d.dirs) == 0 {
+			unix.Close(s)
+			d.sys = -1
+		}
 	}
 	return d, nil
 }
@@ -80,6 +96,10 @@ func (d *Devices) Close() {
 		unix.Close(d.sys)
 		d.sys = -1
 	}
+	for _, fd := range d.dirs {
+		unix.Close(fd)
+	}
+	d.dirs = nil
 }
 
 // sysfsName reports whether name can be a path component under
@@ -89,14 +109,12 @@ func sysfsName(name string) bool {
 }
 
 // readAttr reads one attribute file of the link called name: found false
-// if there is no such link. Virtual devices (veth, dummy, bridge: what a
-// fleet's host ends are) are looked for where they live first; class/net
-// holds a symbolic link to every device.
+// if there is no such link.
 func (d *Devices) readAttr(name, attr string) (string, bool, error) {
 	var buf [64]byte
-	for _, dir := range [...]string{"devices/virtual/net/", "class/net/"} {
-		path := dir + name + "/" + attr
-		fd, err := pool.RetryValue(func() (int, error) { return unix.Openat(d.sys, path, unix.O_RDONLY|unix.O_CLOEXEC, 0) })
+	path := name + "/" + attr
+	for _, dir := range d.dirs {
+		fd, err := pool.RetryValue(func() (int, error) { return unix.Openat(dir, path, unix.O_RDONLY|unix.O_CLOEXEC, 0) })
 		if errors.Is(err, unix.ENOENT) {
 			continue
 		}
