@@ -399,15 +399,12 @@ func check(rd *netns.RunDir, home *netns.NS, name string, adopt bool) (*target, 
 	tg := &target{name: name, veths: map[int]string{}}
 	owned := false
 	err = rtnl.Inside(h, rtnl.OpenLite, func(in *rtnl.Conn) error {
-		links, err := in.Links()
+		r, err := in.Read(home.Fd(), nil)
 		if err != nil {
 			return err
 		}
-		hostID, err := in.NsID(home.Fd())
-		if err != nil {
-			return err
-		}
-		for _, l := range links {
+		hostID := r.NsID
+		for _, l := range r.Links {
 			if l.Index == rtnl.LoopbackIndex {
 				owned = l.Alias == Marker
 			}

@@ -293,10 +293,10 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 	err = rtnl.Inside(h, open, func(in *rtnl.Conn) error {
 		var err error
 		if want == nil {
-			if obs.Links, err = in.Links(); err != nil {
-				return err
+			r, err := in.Read(snap.home.Fd(), nil)
+			if err == nil {
+				obs.Links, obs.HostIDInside = r.Links, r.NsID
 			}
-			obs.HostIDInside, err = in.NsID(snap.home.Fd())
 			return err
 		}
 		if err := observe(in, snap.home, pfs, want, &obs); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -581,17 +582,26 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 	return res
 }
 
-// observe reads the namespace's state; it runs inside the namespace.
+// observe reads the namespace's state; it runs inside the namespace. Its
+// links, the id it has for the host, and the sysctls netconf carries
+// (ip_forward, a fake router's one sysctl: see sysctl.Netconf) are asked
+// for in one round trip; other sysctls are read from procfs.
 func observe(in *rtnl.Conn, home *netns.NS, pfs *sysctl.Procfs, ns *spec.Namespace, obs *Observed) error {
-	var err error
-	if obs.Links, err = in.Links(); err != nil {
-		return err
-	}
+	peer := -1
 	if len(ns.Veths) > 0 {
-		if obs.HostIDInside, err = in.NsID(home.Fd()); err != nil {
-			return err
+		peer = home.Fd()
+	}
+	var confs []rtnl.NetconfKey
+	for _, s := range ns.Sysctls {
+		if f, ok := sysctl.Netconf(s.Key); ok && !slices.Contains(confs, netconfKey(f)) {
+			confs = append(confs, netconfKey(f))
 		}
 	}
+	r, err := in.Read(peer, confs)
+	if err != nil {
+		return err
+	}
+	obs.Links, obs.HostIDInside = r.Links, r.NsID
 	needAddrs := false
 	for _, v := range ns.Veths {
 		needAddrs = needAddrs || len(v.PeerAddrs) > 0
@@ -607,11 +617,13 @@ func observe(in *rtnl.Conn, home *netns.NS, pfs *sysctl.Procfs, ns *spec.Namespa
 		}
 	}
 	obs.Sysctls = make(map[string]string, len(ns.Sysctls))
-	var conf map[sysctl.NetconfField]int32
 	for _, s := range ns.Sysctls {
-		if v, ok := readNetconf(in, s.Key, &conf); ok {
-			obs.Sysctls[s.Key] = v
-			continue
+		if f, ok := sysctl.Netconf(s.Key); ok {
+			if v, ok := r.Netconf[netconfKey(f)][f.Attr]; ok {
+				obs.Sysctls[s.Key] = strconv.Itoa(int(v))
+				continue
+			}
+			// Not answered (IPv6 disabled, an old kernel): procfs.
 		}
 		v, err := pfs.Read(s.Key)
 		if errors.Is(err, sysctl.ErrUnknownKey) {
@@ -625,33 +637,8 @@ func observe(in *rtnl.Conn, home *netns.NS, pfs *sysctl.Procfs, ns *spec.Namespa
 	return nil
 }
 
-// readNetconf reads key over rtnetlink when netconf carries it (see
-// sysctl.Netconf): ip_forward, a fake router's one sysctl, then costs one
-// request on the namespace's socket and no procfs. Each configuration is
-// asked for once per namespace; conf caches the answers. Any failure
-// (IPv6 disabled, an old kernel) leaves the key to procfs.
-func readNetconf(in *rtnl.Conn, key string, conf *map[sysctl.NetconfField]int32) (string, bool) {
-	f, ok := sysctl.Netconf(key)
-	if !ok {
-		return "", false
-	}
-	if *conf == nil {
-		*conf = map[sysctl.NetconfField]int32{}
-	}
-	v, ok := (*conf)[f]
-	if !ok {
-		vals, err := in.Netconf(f.Family, f.Index)
-		if err != nil {
-			return "", false
-		}
-		for attr, val := range vals {
-			(*conf)[sysctl.NetconfField{Family: f.Family, Index: f.Index, Attr: attr}] = val
-		}
-		if v, ok = vals[f.Attr]; !ok {
-			return "", false
-		}
-	}
-	return strconv.Itoa(int(v)), true
+func netconfKey(f sysctl.NetconfField) rtnl.NetconfKey {
+	return rtnl.NetconfKey{Family: f.Family, Index: f.Index}
 }
 
 // apply carries out one fix; it runs inside the namespace.

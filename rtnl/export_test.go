@@ -13,10 +13,18 @@ func (d *Devices) IoctlOnly() {
 // ParseNetconfForTest exposes parseNetconf to the fuzz target.
 var ParseNetconfForTest = parseNetconf
 
-// WalkMessagesForTest runs a Conn's reply walker over b, as the reply to
-// request number seq.
-func WalkMessagesForTest(b []byte, seq uint32) (bool, error) {
-	s := &sock{seq: seq}
-	intr := false
-	return s.messages(b, 0, &intr, func([]byte) {})
+// WalkMessagesForTest runs a Conn's reply walker over b, as the replies to
+// n requests numbered from seq: whether all were answered, each one's
+// answer and number of replies, and the walker's own error.
+func WalkMessagesForTest(b []byte, seq uint32, n int) (done bool, errs []error, replies []int, err error) {
+	w := walker{first: seq, calls: make([]call, n)}
+	replies = make([]int, n)
+	for i := range w.calls {
+		w.calls[i].f = func([]byte) error { replies[i]++; return nil }
+	}
+	err = w.messages(b)
+	for _, c := range w.calls {
+		errs = append(errs, c.result())
+	}
+	return w.next == n, errs, replies, err
 }

@@ -114,37 +114,44 @@ func cstring(b []byte) string {
 // getLinks sends an RTM_GETLINK (a dump when index is 0) and parses the
 // replies; an interrupted dump is retried with backoff.
 func (c *Conn) getLinks(index int, name string, nsid int) ([]Link, error) {
-	flags := unix.NLM_F_ACK
-	if index == 0 && name == "" {
-		flags = unix.NLM_F_DUMP
-	}
-	out := make([]Link, 0, 4) // a namespace of a fleet has a few
+	var out []Link
 	err := retryDump(func() error {
-		req := c.request(unix.RTM_GETLINK, flags)
-		msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
-		msg.Index = int32(index)
-		req.AddData(msg)
-		req.AddData(nl.NewRtAttr(unix.IFLA_EXT_MASK, nl.Uint32Attr(rtextFilterSkipStats)))
-		if name != "" {
-			req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
-		}
-		if nsid >= 0 {
-			req.AddData(nl.NewRtAttr(unix.IFLA_TARGET_NETNSID, nl.Uint32Attr(uint32(nsid))))
-		}
-		out = out[:0]
-		return c.raw.exec(req, unix.RTM_NEWLINK, func(m []byte) error {
-			l, err := parseLink(m)
-			if err != nil {
-				return err
-			}
-			out = append(out, l)
-			return nil
-		})
+		lc := c.linksCall(index, name, nsid, &out)
+		return c.raw.exec(lc.req, lc.resType, lc.f)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// linksCall is the RTM_GETLINK request (a dump when index is 0 and name
+// empty) whose replies are parsed into *out.
+func (c *Conn) linksCall(index int, name string, nsid int, out *[]Link) call {
+	flags := unix.NLM_F_ACK
+	if index == 0 && name == "" {
+		flags = unix.NLM_F_DUMP
+	}
+	req := c.request(unix.RTM_GETLINK, flags)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(index)
+	req.AddData(msg)
+	req.AddData(nl.NewRtAttr(unix.IFLA_EXT_MASK, nl.Uint32Attr(rtextFilterSkipStats)))
+	if name != "" {
+		req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
+	}
+	if nsid >= 0 {
+		req.AddData(nl.NewRtAttr(unix.IFLA_TARGET_NETNSID, nl.Uint32Attr(uint32(nsid))))
+	}
+	*out = make([]Link, 0, 4) // a namespace of a fleet has a few
+	return call{req: req, resType: unix.RTM_NEWLINK, f: func(m []byte) error {
+		l, err := parseLink(m)
+		if err != nil {
+			return err
+		}
+		*out = append(*out, l)
+		return nil
+	}}
 }
 
 // parseNetconf decodes the payload of an RTM_NEWNETCONF message: every

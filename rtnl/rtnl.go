@@ -443,27 +443,32 @@ func (c *Conn) Routes() ([]Route, error) {
 // linear in the fleet, so ask from inside a namespace, which knows few.
 // Works on a lite Conn (one RTM_GETNSID on the raw socket).
 func (c *Conn) NsID(fd int) (int, error) {
-	req := c.request(unix.RTM_GETNSID, 0)
-	req.AddData(nl.NewRtGenMsg())
-	req.AddData(nl.NewRtAttr(unix.NETNSA_FD, nl.Uint32Attr(uint32(fd))))
 	id, found := -1, false
-	err := c.raw.exec(req, unix.RTM_NEWNSID, func(m []byte) error {
-		if len(m) < 4 {
-			return errShort
-		}
-		return walkAttrs(m[4:], func(a attr) { // after struct rtgenmsg, aligned
-			if a.typ == unix.NETNSA_NSID && len(a.val) >= 4 {
-				id, found = int(int32(nl.NativeEndian().Uint32(a.val))), true
-			}
-		})
-	})
-	if err != nil {
+	nc := c.nsidCall(fd, &id, &found)
+	if err := c.raw.exec(nc.req, nc.resType, nc.f); err != nil {
 		return -1, fmt.Errorf("get nsid: %w", err)
 	}
 	if !found {
 		return -1, errors.New("get nsid: no id in the reply")
 	}
 	return id, nil
+}
+
+// nsidCall is the RTM_GETNSID request for the namespace open as fd.
+func (c *Conn) nsidCall(fd int, id *int, found *bool) call {
+	req := c.request(unix.RTM_GETNSID, 0)
+	req.AddData(nl.NewRtGenMsg())
+	req.AddData(nl.NewRtAttr(unix.NETNSA_FD, nl.Uint32Attr(uint32(fd))))
+	return call{req: req, resType: unix.RTM_NEWNSID, f: func(m []byte) error {
+		if len(m) < 4 {
+			return errShort
+		}
+		return walkAttrs(m[4:], func(a attr) { // after struct rtgenmsg, aligned
+			if a.typ == unix.NETNSA_NSID && len(a.val) >= 4 {
+				*id, *found = int(int32(nl.NativeEndian().Uint32(a.val))), true
+			}
+		})
+	}}
 }
 
 // AddDevice creates a link of a kind that needs no parameters (dummy,
@@ -488,22 +493,97 @@ func (c *Conn) AddDevice(kind, name string) error {
 // "all" and -2 for "default" (see sysctl.Netconf). One RTM_GETNETCONF on
 // the raw socket; works on a lite Conn.
 func (c *Conn) Netconf(family int, index int32) (map[uint16]int32, error) {
-	req := c.request(unix.RTM_GETNETCONF, 0)
-	req.AddData(&nl.RtGenMsg{RtGenmsg: unix.RtGenmsg{Family: uint8(family)}})
-	req.AddData(nl.NewRtAttr(netconfaIfindex, nl.Uint32Attr(uint32(index))))
 	var out map[uint16]int32
-	err := c.raw.exec(req, unix.RTM_NEWNETCONF, func(m []byte) error {
-		var err error
-		out, err = parseNetconf(m)
-		return err
-	})
-	if err != nil {
+	nc := c.netconfCall(NetconfKey{family, index}, &out)
+	if err := c.raw.exec(nc.req, nc.resType, nc.f); err != nil {
 		return nil, fmt.Errorf("netconf: %w", err)
 	}
 	if out == nil {
 		return nil, errors.New("netconf: no reply")
 	}
 	return out, nil
+}
+
+// NetconfKey names one netconf configuration: a family's, and a device's
+// index or -1 (all) or -2 (default).
+type NetconfKey struct {
+	Family int
+	Index  int32
+}
+
+// netconfCall is the RTM_GETNETCONF request for one configuration.
+func (c *Conn) netconfCall(k NetconfKey, out *map[uint16]int32) call {
+	req := c.request(unix.RTM_GETNETCONF, 0)
+	req.AddData(&nl.RtGenMsg{RtGenmsg: unix.RtGenmsg{Family: uint8(k.Family)}})
+	req.AddData(nl.NewRtAttr(netconfaIfindex, nl.Uint32Attr(uint32(k.Index))))
+	return call{req: req, resType: unix.RTM_NEWNETCONF, f: func(m []byte) error {
+		var err error
+		*out, err = parseNetconf(m)
+		return err
+	}}
+}
+
+// Reading is what Read gathers about a namespace.
+type Reading struct {
+	Links []Link
+	// NsID is the id the namespace has for the peer namespace asked about
+	// (-1: none assigned, or not asked).
+	NsID int
+	// Netconf holds the configurations asked for that the kernel
+	// answered; one it refused (IPv6 disabled, an old kernel) is absent.
+	Netconf map[NetconfKey]map[uint16]int32
+}
+
+// Read asks, in one round trip, for what a fleet's read of a namespace
+// needs: its links, the id it has for the namespace open as peerFd (when
+// peerFd >= 0), and the netconf configurations confs. Each of those alone
+// is a request of its own (Links, NsID, Netconf), and a namespace's reads
+// are mostly the system calls around them. Works on a lite Conn.
+func (c *Conn) Read(peerFd int, confs []NetconfKey) (Reading, error) {
+	var r Reading
+	err := retryDump(func() error {
+		r = Reading{NsID: -1}
+		calls := make([]call, 0, 2+len(confs))
+		found := false
+		if peerFd >= 0 {
+			calls = append(calls, c.nsidCall(peerFd, &r.NsID, &found))
+		}
+		vals := make([]map[uint16]int32, len(confs))
+		for i, k := range confs {
+			calls = append(calls, c.netconfCall(k, &vals[i]))
+		}
+		calls = append(calls, c.linksCall(0, "", -1, &r.Links)) // the dump goes last
+		if err := c.raw.batch(calls); err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		if peerFd >= 0 {
+			if err := calls[0].result(); err != nil {
+				return fmt.Errorf("get nsid: %w", err)
+			}
+			if !found {
+				return errors.New("get nsid: no id in the reply")
+			}
+		}
+		if err := calls[len(calls)-1].result(); err != nil {
+			if errors.Is(err, nl.ErrDumpInterrupted) {
+				return err // retried
+			}
+			return fmt.Errorf("dump links: %w", err)
+		}
+		for i, k := range confs {
+			if vals[i] != nil && calls[len(calls)-1-len(confs)+i].err == nil {
+				if r.Netconf == nil {
+					r.Netconf = make(map[NetconfKey]map[uint16]int32, len(confs))
+				}
+				r.Netconf[k] = vals[i]
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, ErrDumpInterrupted) {
+		return Reading{}, fmt.Errorf("dump links: %w", err)
+	}
+	return r, err
 }
 
 const netconfaIfindex = 1

@@ -2,9 +2,11 @@ package rtnl_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -198,6 +201,11 @@ func TestDevices(t *testing.T) {
 // Netconf reads the values procfs shows, in the namespace of the Conn.
 func TestNetconfMatchesProcfs(t *testing.T) {
 	nstest.RequireRoot(t)
+	home, err := netns.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer home.Close()
 	h, err := netns.Create(func(*netns.NS) error {
 		// /proc/sys follows the calling thread's namespace.
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
@@ -221,6 +229,26 @@ func TestNetconfMatchesProcfs(t *testing.T) {
 		}
 		if all[2] != 1 || def[3] != 2 { // forwarding, rp_filter
 			t.Errorf("netconf all %v default %v; want forwarding 1 and rp_filter 2", all, def)
+		}
+		// The same in one round trip with the links and an id; a
+		// configuration the kernel refuses (no device 9999) is left out
+		// and the rest still answered.
+		all4, def4, none := rtnl.NetconfKey{Family: unix.AF_INET, Index: -1}, rtnl.NetconfKey{Family: unix.AF_INET, Index: -2}, rtnl.NetconfKey{Family: unix.AF_INET, Index: 9999}
+		r, err := c.Read(home.Fd(), []rtnl.NetconfKey{all4, none, def4})
+		if err != nil {
+			return err
+		}
+		if len(r.Links) != 1 || r.Links[0].Name != "lo" {
+			t.Errorf("read links %+v; want lo alone", r.Links)
+		}
+		if want, err := c.NsID(home.Fd()); err != nil || r.NsID != want {
+			t.Errorf("read nsid %d; NsID says %d, %v", r.NsID, want, err)
+		}
+		if r.Netconf[all4][2] != 1 || r.Netconf[def4][3] != 2 {
+			t.Errorf("read netconf %v; want all's forwarding 1 and default's rp_filter 2", r.Netconf)
+		}
+		if _, ok := r.Netconf[none]; ok || len(r.Netconf) != 2 {
+			t.Errorf("read netconf %v; want two configurations", r.Netconf)
 		}
 		return nil
 	})
@@ -265,6 +293,53 @@ func TestKernelErrorMessage(t *testing.T) {
 	h.Close()
 }
 
+// nlmsg is one netlink message as the kernel sends it.
+func nlmsg(typ, flags uint16, seq uint32, payload ...byte) []byte {
+	b := make([]byte, 16, 16+len(payload)+3)
+	ne := binary.NativeEndian
+	ne.PutUint32(b[0:], uint32(16+len(payload)))
+	ne.PutUint16(b[4:], typ)
+	ne.PutUint16(b[6:], flags)
+	ne.PutUint32(b[8:], seq)
+	b = append(b, payload...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+// A batch's replies go to their requests by sequence number: a late
+// acknowledgement of an earlier request is skipped, a failed request does
+// not end the batch, and an interrupted dump is reported as such.
+func TestBatchReplies(t *testing.T) {
+	errno := func(e int32) []byte {
+		b := make([]byte, 4)
+		binary.NativeEndian.PutUint32(b, uint32(e))
+		return b
+	}
+	var b []byte
+	b = append(b, nlmsg(unix.NLMSG_ERROR, 0, 9, errno(0)...)...)                            // late ack
+	b = append(b, nlmsg(unix.RTM_NEWNSID, 0, 10, 1, 2, 3, 4)...)                            // a single reply
+	b = append(b, nlmsg(unix.NLMSG_ERROR, 0, 11, errno(-int32(unix.ENODEV))...)...)         // refused
+	b = append(b, nlmsg(unix.RTM_NEWLINK, unix.NLM_F_MULTI, 12, 1)...)                      // a dump...
+	b = append(b, nlmsg(unix.RTM_NEWLINK, unix.NLM_F_MULTI|unix.NLM_F_DUMP_INTR, 12, 2)...) // ...interrupted
+	half := len(b)
+	b = append(b, nlmsg(unix.NLMSG_DONE, unix.NLM_F_MULTI, 12, errno(0)...)...)
+	if done, _, _, err := rtnl.WalkMessagesForTest(b[:half], 10, 3); done || err != nil {
+		t.Fatalf("answered before the dump's end: %v, %v", done, err)
+	}
+	done, errs, replies, err := rtnl.WalkMessagesForTest(b, 10, 3)
+	if !done || err != nil {
+		t.Fatalf("done %v, err %v", done, err)
+	}
+	if errs[0] != nil || !errors.Is(errs[1], unix.ENODEV) || !errors.Is(errs[2], nl.ErrDumpInterrupted) {
+		t.Errorf("answers %v", errs)
+	}
+	if want := []int{1, 0, 2}; !slices.Equal(replies, want) {
+		t.Errorf("replies %v, want %v", replies, want)
+	}
+}
+
 func FuzzMessages(f *testing.F) {
 	// An acknowledgement (error 0) of request 1, and an error with an
 	// extended acknowledgement message.
@@ -275,7 +350,9 @@ func FuzzMessages(f *testing.F) {
 	// the message.
 	f.Add([]byte{37, 0, 0, 0, 2, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 234, 255, 255, 255, 17, 0, 0, 0, 16, 0, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		rtnl.WalkMessagesForTest(b, 1)
+		rtnl.WalkMessagesForTest(b, 1, 1)
+		rtnl.WalkMessagesForTest(b, 0, 3)
+		rtnl.WalkMessagesForTest(b, 0xffffffff, 3) // sequence numbers wrap
 	})
 }
 

@@ -53,34 +53,79 @@ func (s *sock) close() {
 
 var kernel = &unix.SockaddrNetlink{Family: unix.AF_NETLINK}
 
+// call is one request of a batch, and what is done with its replies: f is
+// called with the payload of every reply of type resType (any type when
+// 0); err is the kernel's answer to it, intr whether a dump was
+// interrupted by a change.
+type call struct {
+	req     *nl.NetlinkRequest
+	resType uint16
+	f       func([]byte) error
+	err     error
+	intr    bool
+}
+
 // exec sends req and calls f with the payload of every reply of type
 // resType (any type when 0) until the request is answered: the end of a
 // dump, an acknowledgement, an error, or a single reply. It returns the
 // kernel's error (an errno, with the kernel's message when it gave one),
 // or nl.ErrDumpInterrupted when a dump was interrupted by a change.
 func (s *sock) exec(req *nl.NetlinkRequest, resType uint16, f func([]byte) error) error {
+	c := [1]call{{req: req, resType: resType, f: f}}
+	if err := s.batch(c[:]); err != nil {
+		return err
+	}
+	return c[0].result()
+}
+
+// result is exec's answer for one call of a batch.
+func (c *call) result() error {
+	if c.err == nil && c.intr {
+		return nl.ErrDumpInterrupted
+	}
+	return c.err
+}
+
+// batch sends the requests in one datagram and reads until each is
+// answered, in order (the kernel handles them one after the other; a
+// failed one does not stop the rest). At most one may be a dump, and it
+// must be the last: the kernel refuses a second dump on a socket whose
+// first is still being read. The error returned is the socket's (sending,
+// receiving, a malformed reply); each call's own answer is in the call.
+// One round trip instead of one per request: on a fleet's reads, each
+// namespace asks three things.
+func (s *sock) batch(calls []call) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.ack && req.Type&3 != 2 { // not an RTM_GET*: it may fail with a reason
-		s.ack = true
-		// The kernel's own words on an error ("Invalid MTU specified",
-		// ...), with the request not echoed back; kernels without them
-		// ignore this. Not asked for on sockets that only read (a
-		// fleet's reads open one per namespace).
-		_ = unix.SetsockoptInt(s.fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
-		_ = unix.SetsockoptInt(s.fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
+	var out []byte
+	first := s.seq + 1
+	for i := range calls {
+		req := calls[i].req
+		if !s.ack && req.Type&3 != 2 { // not an RTM_GET*: it may fail with a reason
+			s.ack = true
+			// The kernel's own words on an error ("Invalid MTU specified",
+			// ...), with the request not echoed back; kernels without them
+			// ignore this. Not asked for on sockets that only read (a
+			// fleet's reads open one per namespace).
+			_ = unix.SetsockoptInt(s.fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
+			_ = unix.SetsockoptInt(s.fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
+		}
+		s.seq++
+		req.Seq = s.seq
+		if len(calls) == 1 {
+			out = req.Serialize()
+		} else {
+			out = append(out, req.Serialize()...)
+		}
 	}
-	s.seq++
-	req.Seq = s.seq
-	if err := unix.Sendto(s.fd, req.Serialize(), 0, kernel); err != nil {
+	if err := unix.Sendto(s.fd, out, 0, kernel); err != nil {
 		return err
 	}
 	bp := recvBufs.Get().(*[]byte)
 	defer recvBufs.Put(bp)
 	buf := *bp
-	intr := false
-	var ferr error
-	for {
+	w := walker{first: first, calls: calls}
+	for w.next < len(calls) {
 		n, _, err := unix.Recvfrom(s.fd, buf, 0)
 		if errors.Is(err, unix.EINTR) {
 			continue
@@ -88,35 +133,28 @@ func (s *sock) exec(req *nl.NetlinkRequest, resType uint16, f func([]byte) error
 		if err != nil {
 			return err
 		}
-		done, err := s.messages(buf[:n], resType, &intr, func(b []byte) {
-			if ferr == nil && f != nil {
-				ferr = f(b)
-			}
-		})
-		if err != nil {
+		if err := w.messages(buf[:n]); err != nil {
 			return err
 		}
-		if done {
-			break
-		}
-	}
-	if ferr != nil {
-		return ferr
-	}
-	if intr {
-		return nl.ErrDumpInterrupted
 	}
 	return nil
 }
 
-// messages walks one datagram of replies; done when the request is
-// answered.
-func (s *sock) messages(b []byte, resType uint16, intr *bool, f func([]byte)) (bool, error) {
+// walker hands the replies of a batch to its calls: calls[i] was sent as
+// request first+i, and calls before next are answered.
+type walker struct {
+	first uint32
+	calls []call
+	next  int
+}
+
+// messages walks one datagram of replies.
+func (w *walker) messages(b []byte) error {
 	ne := binary.NativeEndian
-	for len(b) >= unix.NLMSG_HDRLEN {
+	for len(b) >= unix.NLMSG_HDRLEN && w.next < len(w.calls) {
 		l := int(ne.Uint32(b[0:4]))
 		if l < unix.NLMSG_HDRLEN || l > len(b) {
-			return true, fmt.Errorf("netlink: message of length %d in %d bytes", l, len(b))
+			return fmt.Errorf("netlink: message of length %d in %d bytes", l, len(b))
 		}
 		typ, flags, seq := ne.Uint16(b[4:6]), ne.Uint16(b[6:8]), ne.Uint32(b[8:12])
 		data := b[unix.NLMSG_HDRLEN:l]
@@ -125,30 +163,33 @@ func (s *sock) messages(b []byte, resType uint16, intr *bool, f func([]byte)) (b
 		} else {
 			b = nil
 		}
-		if seq != s.seq {
+		d := seq - w.first // wraps to a huge number below first
+		if d >= uint32(len(w.calls)) || int(d) < w.next {
 			continue // the late acknowledgement of an earlier request
 		}
+		i := int(d)
+		c := &w.calls[i]
 		if flags&unix.NLM_F_DUMP_INTR != 0 {
-			*intr = true
+			c.intr = true
 		}
 		switch typ {
 		case unix.NLMSG_DONE, unix.NLMSG_ERROR:
-			if len(data) < 4 {
-				return true, nil
+			if len(data) >= 4 {
+				if errno := int32(ne.Uint32(data[0:4])); errno != 0 {
+					c.err = kernelError(unix.Errno(-errno), flags, data[4:])
+				}
 			}
-			if errno := int32(ne.Uint32(data[0:4])); errno != 0 {
-				return true, kernelError(unix.Errno(-errno), flags, data[4:])
-			}
-			return true, nil
+			w.next = i + 1
+			continue
 		}
-		if resType == 0 || typ == resType {
-			f(data)
+		if (c.resType == 0 || typ == c.resType) && c.err == nil && c.f != nil {
+			c.err = c.f(data)
 		}
 		if flags&unix.NLM_F_MULTI == 0 {
-			return true, nil
+			w.next = i + 1
 		}
 	}
-	return false, nil
+	return nil
 }
 
 // kernelError adds the kernel's extended acknowledgement message, when
