@@ -97,12 +97,14 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		}
 		return out, nil
 	}
-	// No dump of the host's links: see rtnl.Devices.
+	// No rtnetlink dump of the host's links: see rtnl.Devices and
+	// rtnl.LinkTable. Without the table, host ends are asked about by name.
 	snap, err := hostSnapshot(f)
 	if err != nil {
 		return nil, fmt.Errorf("ls: %w", err)
 	}
 	defer snap.close()
+	snap.links, _ = rtnl.ReadLinkTable()
 
 	out := make([]Status, len(names))
 	needProc := false
@@ -245,14 +247,19 @@ func procStates(store *proc.Store, recorded map[string]bool, want *spec.Namespac
 	}
 }
 
-// reader is one List worker's procfs instance (rotated as package sysctl
-// says, never one per namespace); nil unless the spec has sysctls.
+// reader is one List worker's: its thread, which enters each namespace
+// in turn (nil where it may not: then each entry is a netns.Do), and its
+// procfs instance (rotated as package sysctl says, never one per
+// namespace; nil unless the spec has sysctls).
 type reader struct {
+	thread  *netns.Thread
 	sysctls *sysctl.Procfs
 }
 
+// openReader runs on the worker's goroutine, which keeps the thread.
 func openReader(needProc bool) *reader {
 	r := &reader{}
+	r.thread, _ = netns.LockThread()
 	if needProc {
 		if p, err := sysctl.Open(); err == nil {
 			r.sysctls = p
@@ -261,7 +268,10 @@ func openReader(needProc bool) *reader {
 	return r
 }
 
-func (r *reader) close() { r.sysctls.Close() }
+func (r *reader) close() {
+	r.sysctls.Close()
+	r.thread.Close()
+}
 
 func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, st *Status) error {
 	h, err := rd.OpenKnown(st.Name, st.Inode)
@@ -290,7 +300,7 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 	if want != nil && needsFullObserve(want) {
 		open = rtnl.Open // addresses and routes, for the spec's drift
 	}
-	err = rtnl.Inside(h, open, func(in *rtnl.Conn) error {
+	err = rtnl.InsideOn(r.thread, h, open, func(in *rtnl.Conn) error {
 		var err error
 		if want == nil {
 			r, err := in.Read(snap.home.Fd(), nil)
@@ -317,9 +327,7 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 				}
 			}
 			if ls.Host == "" {
-				if name, ok, err := snap.dev.NameOf(l.PeerIndex); err == nil && ok {
-					ls.Host = name
-				}
+				ls.Host = snap.hostName(l.PeerIndex)
 			}
 		}
 		st.Links = append(st.Links, ls)

@@ -155,7 +155,10 @@ func waitFreed(ctx context.Context, timeout time.Duration) error {
 // read it; nsfleet holds the run dir lock, so no other nsfleet changes the
 // host meanwhile.
 type snapshot struct {
-	dev   *rtnl.Devices
+	dev *rtnl.Devices
+	// links, when read (List reads it; Up does not, as it changes the
+	// host ends while it runs), answers the host ends' indexes and names.
+	links *rtnl.LinkTable
 	addrs map[int][]netip.Prefix
 	// home is nsfleet's own namespace, whose id inside each namespace
 	// tells which veths there are paired with the host (see Observed).
@@ -229,9 +232,13 @@ func (s *snapshot) hostLinks(ns *spec.Namespace) (map[string]rtnl.Link, error) {
 		var l rtnl.Link
 		var ok bool
 		var err error
-		if v.Up || v.MTU != 0 {
+		switch {
+		case v.Up || v.MTU != 0:
 			l, ok, err = s.dev.ByName(v.Host)
-		} else {
+		case s.links != nil:
+			l = rtnl.Link{Name: v.Host, PeerIndex: -1, PeerNsID: -1}
+			l.Index, ok = s.links.Index(v.Host)
+		default:
 			l = rtnl.Link{Name: v.Host, PeerIndex: -1, PeerNsID: -1}
 			l.Index, ok, err = s.dev.Index(v.Host)
 		}
@@ -243,6 +250,19 @@ func (s *snapshot) hostLinks(ns *spec.Namespace) (map[string]rtnl.Link, error) {
 		}
 	}
 	return out, nil
+}
+
+// hostName is the name of the host's link of that index, "" if none.
+func (s *snapshot) hostName(index int) string {
+	if s.links != nil {
+		name, _ := s.links.NameOf(index)
+		return name
+	}
+	name, ok, err := s.dev.NameOf(index)
+	if err != nil || !ok {
+		return ""
+	}
+	return name
 }
 
 // fdsPerUpWorker is what one Up worker holds at most at once: its host

@@ -28,3 +28,6 @@ func WalkMessagesForTest(b []byte, seq uint32, n int) (done bool, errs []error, 
 	}
 	return w.next == n, errs, replies, err
 }
+
+// ParseEthtoolHeaderForTest exposes parseEthtoolHeader to the fuzz target.
+var ParseEthtoolHeaderForTest = parseEthtoolHeader

@@ -55,7 +55,13 @@ func retryDump(dump func() error) error {
 // Inside runs fn with a Conn opened (by open: Open or OpenLite) inside ns,
 // on a thread switched into it by netns.Do; the Conn is closed afterwards.
 func Inside(ns *netns.NS, open func() (*Conn, error), fn func(*Conn) error) error {
-	return netns.Do(ns, func() error {
+	return InsideOn(nil, ns, open, fn)
+}
+
+// InsideOn is Inside on a thread the caller holds (netns.Thread); on a nil
+// t it is Inside.
+func InsideOn(t *netns.Thread, ns *netns.NS, open func() (*Conn, error), fn func(*Conn) error) error {
+	return t.Do(ns, func() error {
 		c, err := open()
 		if err != nil {
 			return err

@@ -198,6 +198,73 @@ func TestDevices(t *testing.T) {
 	h.Close()
 }
 
+// The link table names every link of the namespace it was read in, by
+// name and by index, as rtnetlink does.
+func TestLinkTable(t *testing.T) {
+	nstest.RequireRoot(t)
+	h, err := netns.Create(func(in *netns.NS) error {
+		c, err := rtnl.OpenLite()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for _, n := range []string{"x", "y"} {
+			if err := c.AddVeth(rtnl.VethPair{Host: n + "0", Peer: n + "1", PeerNsFd: in.Fd()}); err != nil {
+				return err
+			}
+		}
+		links, err := c.Links()
+		if err != nil {
+			return err
+		}
+		tab, err := rtnl.ReadLinkTable()
+		if err != nil {
+			return err
+		}
+		if tab.Len() != len(links) || len(links) != 5 {
+			t.Errorf("table of %d links; rtnetlink shows %d: %+v", tab.Len(), len(links), links)
+		}
+		for _, l := range links {
+			if i, ok := tab.Index(l.Name); !ok || i != l.Index {
+				t.Errorf("Index(%s) = %d, %v; want %d", l.Name, i, ok, l.Index)
+			}
+			if name, ok := tab.NameOf(l.Index); !ok || name != l.Name {
+				t.Errorf("NameOf(%d) = %q, %v; want %s", l.Index, name, ok, l.Name)
+			}
+		}
+		if _, ok := tab.Index("z0"); ok {
+			t.Error("Index found a link that does not exist")
+		}
+		if _, ok := tab.NameOf(1 << 30); ok {
+			t.Error("NameOf found a link that does not exist")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+}
+
+// genlmsghdr, then the header nest: index 7, name "eth0".
+var ethtoolReply = []byte{1, 1, 0, 0, 24, 0, 1, 0x80, 8, 0, 1, 0, 7, 0, 0, 0, 9, 0, 2, 0, 'e', 't', 'h', '0', 0, 0, 0, 0}
+
+func TestParseEthtoolHeader(t *testing.T) {
+	name, index, err := rtnl.ParseEthtoolHeaderForTest(ethtoolReply)
+	if string(name) != "eth0" || index != 7 || err != nil {
+		t.Errorf("got %q, %d, %v; want eth0, 7", name, index, err)
+	}
+}
+
+func FuzzParseEthtoolHeader(f *testing.F) {
+	f.Add(ethtoolReply)
+	f.Add([]byte{})
+	f.Add([]byte{1, 1, 0, 0, 4, 0, 1, 0x80})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rtnl.ParseEthtoolHeaderForTest(b)
+	})
+}
+
 // Netconf reads the values procfs shows, in the namespace of the Conn.
 func TestNetconfMatchesProcfs(t *testing.T) {
 	nstest.RequireRoot(t)

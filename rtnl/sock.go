@@ -32,9 +32,13 @@ const recvBufSize = 64 << 10
 
 var recvBufs = sync.Pool{New: func() any { b := make([]byte, recvBufSize); return &b }}
 
-func openSock() (*sock, error) {
+func openSock() (*sock, error) { return openSockProto(unix.NETLINK_ROUTE) }
+
+// openSockProto opens a socket of another netlink protocol (generic
+// netlink, for ethtool's).
+func openSockProto(proto int) (*sock, error) {
 	fd, err := pool.RetryValue(func() (int, error) {
-		return unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+		return unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("netlink socket: %w", err)
