@@ -65,6 +65,15 @@ type Status struct {
 func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Status, error) {
 	opts = opts.withDefaults()
 	rd := opts.RunDir
+	// The host's links are read while the run dir is: both are one pass
+	// over something as long as the fleet, on one CPU each.
+	table := make(chan *rtnl.LinkTable, 1)
+	if !opts.PinsOnly {
+		go func() {
+			t, _ := rtnl.ReadLinkTable() // nil: host ends are asked about by name
+			table <- t
+		}()
+	}
 	all, err := rd.List()
 	if err != nil {
 		return nil, fmt.Errorf("ls: %w", err)
@@ -98,13 +107,13 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 		return out, nil
 	}
 	// No rtnetlink dump of the host's links: see rtnl.Devices and
-	// rtnl.LinkTable. Without the table, host ends are asked about by name.
+	// rtnl.LinkTable.
 	snap, err := hostSnapshot(f)
 	if err != nil {
 		return nil, fmt.Errorf("ls: %w", err)
 	}
 	defer snap.close()
-	snap.links, _ = rtnl.ReadLinkTable()
+	snap.links = <-table
 
 	out := make([]Status, len(names))
 	needProc := false

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,7 +78,7 @@ after '='.`,
 				var stream *jsonArray
 				if output == "json" {
 					// One status at a time: memory stays flat at any size.
-					stream = &jsonArray{w: g.stdout}
+					stream = newJSONArray(g.stdout)
 					opts.OnStatus = stream.add
 				}
 				st, err = fleet.List(cmd.Context(), f, fleet.Selector{Prefix: prefix}, opts)
@@ -84,6 +86,7 @@ after '='.`,
 					fmt.Fprintln(g.stderr, "nsfleet: ls: --profile:", perr)
 				}
 				if err != nil {
+					stream.flush() // what was read, as before the error
 					return err
 				}
 				if stream != nil {
@@ -190,20 +193,29 @@ func printStatusTable(w io.Writer, st []fleet.Status) {
 }
 
 // jsonArray writes a JSON array element by element, indented as
-// json.Encoder with SetIndent("", "  ") writes a whole one.
+// json.Encoder with SetIndent("", "  ") writes a whole one, through a
+// buffer (a fleet's ls wrote one element per system call).
 type jsonArray struct {
-	w   io.Writer
+	w   *bufio.Writer
+	buf bytes.Buffer
+	enc *json.Encoder
 	n   int
 	err error
+}
+
+func newJSONArray(w io.Writer) *jsonArray {
+	a := &jsonArray{w: bufio.NewWriterSize(w, 64<<10)}
+	a.enc = json.NewEncoder(&a.buf)
+	a.enc.SetIndent("  ", "  ")
+	return a
 }
 
 func (a *jsonArray) add(v fleet.Status) {
 	if a.err != nil {
 		return
 	}
-	b, err := json.MarshalIndent(v, "  ", "  ")
-	if err != nil {
-		a.err = err
+	a.buf.Reset()
+	if a.err = a.enc.Encode(v); a.err != nil {
 		return
 	}
 	sep := ",\n  "
@@ -211,17 +223,26 @@ func (a *jsonArray) add(v fleet.Status) {
 		sep = "[\n  "
 	}
 	a.n++
-	_, a.err = io.WriteString(a.w, sep+string(b))
+	a.w.WriteString(sep)
+	_, a.err = a.w.Write(bytes.TrimSuffix(a.buf.Bytes(), []byte("\n")))
+}
+
+// flush writes out what is buffered (nil: nothing to do).
+func (a *jsonArray) flush() {
+	if a != nil {
+		a.w.Flush()
+	}
 }
 
 func (a *jsonArray) end() error {
 	if a.err != nil {
+		a.w.Flush()
 		return a.err
 	}
 	tail := "\n]\n"
 	if a.n == 0 {
 		tail = "[]\n"
 	}
-	_, err := io.WriteString(a.w, tail)
-	return err
+	a.w.WriteString(tail)
+	return a.w.Flush()
 }
