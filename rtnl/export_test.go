@@ -17,7 +17,7 @@ var ParseNetconfForTest = parseNetconf
 // n requests numbered from seq: whether all were answered, each one's
 // answer and number of replies, and the walker's own error.
 func WalkMessagesForTest(b []byte, seq uint32, n int) (done bool, errs []error, replies []int, err error) {
-	w := walker{first: seq, calls: make([]call, n)}
+	w := walker{first: seq, calls: make([]call, n), left: n}
 	replies = make([]int, n)
 	for i := range w.calls {
 		w.calls[i].f = func([]byte) error { replies[i]++; return nil }
@@ -26,7 +26,7 @@ func WalkMessagesForTest(b []byte, seq uint32, n int) (done bool, errs []error, 
 	for _, c := range w.calls {
 		errs = append(errs, c.result())
 	}
-	return w.next == n, errs, replies, err
+	return w.left == 0, errs, replies, err
 }
 
 // ParseEthtoolHeaderForTest exposes parseEthtoolHeader to the fuzz target.

@@ -550,6 +550,10 @@ func (c *Conn) Read(peerFd int, confs []NetconfKey) (Reading, error) {
 	err := retryDump(func() error {
 		r = Reading{NsID: -1}
 		calls := make([]call, 0, 2+len(confs))
+		// The dump goes first: describing a veth whose peer is in another
+		// namespace gives that namespace an id here if it had none, and
+		// the id asked for next is then the one the veth shows.
+		calls = append(calls, c.linksCall(0, "", -1, &r.Links))
 		found := false
 		if peerFd >= 0 {
 			calls = append(calls, c.nsidCall(peerFd, &r.NsID, &found))
@@ -558,26 +562,25 @@ func (c *Conn) Read(peerFd int, confs []NetconfKey) (Reading, error) {
 		for i, k := range confs {
 			calls = append(calls, c.netconfCall(k, &vals[i]))
 		}
-		calls = append(calls, c.linksCall(0, "", -1, &r.Links)) // the dump goes last
 		if err := c.raw.batch(calls); err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
+		if err := calls[0].result(); err != nil {
+			if errors.Is(err, nl.ErrDumpInterrupted) {
+				return err // retried
+			}
+			return fmt.Errorf("dump links: %w", err)
+		}
 		if peerFd >= 0 {
-			if err := calls[0].result(); err != nil {
+			if err := calls[1].result(); err != nil {
 				return fmt.Errorf("get nsid: %w", err)
 			}
 			if !found {
 				return errors.New("get nsid: no id in the reply")
 			}
 		}
-		if err := calls[len(calls)-1].result(); err != nil {
-			if errors.Is(err, nl.ErrDumpInterrupted) {
-				return err // retried
-			}
-			return fmt.Errorf("dump links: %w", err)
-		}
 		for i, k := range confs {
-			if vals[i] != nil && calls[len(calls)-1-len(confs)+i].err == nil {
+			if vals[i] != nil && calls[len(calls)-len(confs)+i].err == nil {
 				if r.Netconf == nil {
 					r.Netconf = make(map[NetconfKey]map[uint16]int32, len(confs))
 				}

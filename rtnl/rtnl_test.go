@@ -384,14 +384,17 @@ func TestBatchReplies(t *testing.T) {
 		binary.NativeEndian.PutUint32(b, uint32(e))
 		return b
 	}
+	// A dump first: the replies to the requests behind it come before
+	// its end.
 	var b []byte
 	b = append(b, nlmsg(unix.NLMSG_ERROR, 0, 9, errno(0)...)...)                            // late ack
-	b = append(b, nlmsg(unix.RTM_NEWNSID, 0, 10, 1, 2, 3, 4)...)                            // a single reply
-	b = append(b, nlmsg(unix.NLMSG_ERROR, 0, 11, errno(-int32(unix.ENODEV))...)...)         // refused
-	b = append(b, nlmsg(unix.RTM_NEWLINK, unix.NLM_F_MULTI, 12, 1)...)                      // a dump...
-	b = append(b, nlmsg(unix.RTM_NEWLINK, unix.NLM_F_MULTI|unix.NLM_F_DUMP_INTR, 12, 2)...) // ...interrupted
+	b = append(b, nlmsg(unix.RTM_NEWLINK, unix.NLM_F_MULTI, 10, 1)...)                      // the dump...
+	b = append(b, nlmsg(unix.RTM_NEWNSID, 0, 11, 1, 2, 3, 4)...)                            // a single reply
+	b = append(b, nlmsg(unix.NLMSG_ERROR, 0, 12, errno(-int32(unix.ENODEV))...)...)         // refused
+	b = append(b, nlmsg(unix.RTM_NEWLINK, unix.NLM_F_MULTI|unix.NLM_F_DUMP_INTR, 10, 2)...) // ...interrupted
 	half := len(b)
-	b = append(b, nlmsg(unix.NLMSG_DONE, unix.NLM_F_MULTI, 12, errno(0)...)...)
+	b = append(b, nlmsg(unix.NLMSG_DONE, unix.NLM_F_MULTI, 10, errno(0)...)...)
+	b = append(b, nlmsg(unix.NLMSG_ERROR, 0, 11, errno(0)...)...) // an ack after its reply
 	if done, _, _, err := rtnl.WalkMessagesForTest(b[:half], 10, 3); done || err != nil {
 		t.Fatalf("answered before the dump's end: %v, %v", done, err)
 	}
@@ -399,11 +402,51 @@ func TestBatchReplies(t *testing.T) {
 	if !done || err != nil {
 		t.Fatalf("done %v, err %v", done, err)
 	}
-	if errs[0] != nil || !errors.Is(errs[1], unix.ENODEV) || !errors.Is(errs[2], nl.ErrDumpInterrupted) {
+	if !errors.Is(errs[0], nl.ErrDumpInterrupted) || errs[1] != nil || !errors.Is(errs[2], unix.ENODEV) {
 		t.Errorf("answers %v", errs)
 	}
-	if want := []int{1, 0, 2}; !slices.Equal(replies, want) {
+	if want := []int{2, 1, 0}; !slices.Equal(replies, want) {
 		t.Errorf("replies %v, want %v", replies, want)
+	}
+}
+
+// A namespace's id for the host, read with its links, is the one its
+// veths to the host show, also in a namespace that had none before.
+func TestReadPairsWithHost(t *testing.T) {
+	nstest.RequireRoot(t)
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	host, err := rtnl.OpenLite()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	home, err := netns.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer home.Close()
+	h, err := netns.Create(func(in *netns.NS) error {
+		return host.AddVeth(rtnl.VethPair{Host: p + "h", Peer: "p", PeerNsFd: in.Fd()})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	err = rtnl.Inside(h, rtnl.OpenLite, func(c *rtnl.Conn) error {
+		r, err := c.Read(home.Fd(), nil)
+		if err != nil {
+			return err
+		}
+		for _, l := range r.Links {
+			if l.Name == "p" && (r.NsID < 0 || l.PeerNsID != r.NsID) {
+				t.Errorf("the veth's peer is in namespace %d; the host's id here is %d", l.PeerNsID, r.NsID)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -62,11 +62,12 @@ var kernel = &unix.SockaddrNetlink{Family: unix.AF_NETLINK}
 // 0); err is the kernel's answer to it, intr whether a dump was
 // interrupted by a change.
 type call struct {
-	req     *nl.NetlinkRequest
-	resType uint16
-	f       func([]byte) error
-	err     error
-	intr    bool
+	req      *nl.NetlinkRequest
+	resType  uint16
+	f        func([]byte) error
+	err      error
+	intr     bool
+	answered bool
 }
 
 // exec sends req and calls f with the payload of every reply of type
@@ -91,10 +92,11 @@ func (c *call) result() error {
 }
 
 // batch sends the requests in one datagram and reads until each is
-// answered, in order (the kernel handles them one after the other; a
-// failed one does not stop the rest). At most one may be a dump, and it
-// must be the last: the kernel refuses a second dump on a socket whose
-// first is still being read. The error returned is the socket's (sending,
+// answered (the kernel handles them one after the other; a failed one
+// does not stop the rest). At most one may be a dump: the kernel refuses a
+// second on a socket whose first is still being read. A dump's end comes
+// after the replies to the requests behind it (the kernel finishes a dump
+// as its replies are read). The error returned is the socket's (sending,
 // receiving, a malformed reply); each call's own answer is in the call.
 // One round trip instead of one per request: on a fleet's reads, each
 // namespace asks three things.
@@ -128,8 +130,8 @@ func (s *sock) batch(calls []call) error {
 	bp := recvBufs.Get().(*[]byte)
 	defer recvBufs.Put(bp)
 	buf := *bp
-	w := walker{first: first, calls: calls}
-	for w.next < len(calls) {
+	w := walker{first: first, calls: calls, left: len(calls)}
+	for w.left > 0 {
 		n, _, err := unix.Recvfrom(s.fd, buf, 0)
 		if errors.Is(err, unix.EINTR) {
 			continue
@@ -145,17 +147,22 @@ func (s *sock) batch(calls []call) error {
 }
 
 // walker hands the replies of a batch to its calls: calls[i] was sent as
-// request first+i, and calls before next are answered.
+// request first+i; left of them are not answered yet.
 type walker struct {
 	first uint32
 	calls []call
-	next  int
+	left  int
+}
+
+func (w *walker) answer(c *call) {
+	c.answered = true
+	w.left--
 }
 
 // messages walks one datagram of replies.
 func (w *walker) messages(b []byte) error {
 	ne := binary.NativeEndian
-	for len(b) >= unix.NLMSG_HDRLEN && w.next < len(w.calls) {
+	for len(b) >= unix.NLMSG_HDRLEN && w.left > 0 {
 		l := int(ne.Uint32(b[0:4]))
 		if l < unix.NLMSG_HDRLEN || l > len(b) {
 			return fmt.Errorf("netlink: message of length %d in %d bytes", l, len(b))
@@ -168,11 +175,10 @@ func (w *walker) messages(b []byte) error {
 			b = nil
 		}
 		d := seq - w.first // wraps to a huge number below first
-		if d >= uint32(len(w.calls)) || int(d) < w.next {
+		if d >= uint32(len(w.calls)) || w.calls[d].answered {
 			continue // the late acknowledgement of an earlier request
 		}
-		i := int(d)
-		c := &w.calls[i]
+		c := &w.calls[d]
 		if flags&unix.NLM_F_DUMP_INTR != 0 {
 			c.intr = true
 		}
@@ -183,14 +189,14 @@ func (w *walker) messages(b []byte) error {
 					c.err = kernelError(unix.Errno(-errno), flags, data[4:])
 				}
 			}
-			w.next = i + 1
+			w.answer(c)
 			continue
 		}
 		if (c.resType == 0 || typ == c.resType) && c.err == nil && c.f != nil {
 			c.err = c.f(data)
 		}
 		if flags&unix.NLM_F_MULTI == 0 {
-			w.next = i + 1
+			w.answer(c)
 		}
 	}
 	return nil
