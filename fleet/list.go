@@ -312,9 +312,9 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 	err = rtnl.InsideOn(r.thread, h, open, func(in *rtnl.Conn) error {
 		var err error
 		if want == nil {
-			r, err := in.Read(snap.home.Fd(), nil)
+			got, err := in.Read(snap.home.Fd(), nil)
 			if err == nil {
-				obs.Links, obs.HostIDInside = r.Links, r.NsID
+				obs.Links, obs.HostIDInside = got.Links, got.NsID
 			}
 			return err
 		}

@@ -30,6 +30,12 @@
 // open a sysctl file), but must not start goroutines that expect to inherit
 // the namespace, and must not unlock the thread itself.
 //
+// A worker that enters namespace after namespace (a read of a whole fleet)
+// may instead keep its own goroutine's thread with LockThread, and enter
+// each with Thread.Do: the same rules, the same switch back, no goroutine
+// per call. Should that switch back fail, the thread stays locked to the
+// worker's goroutine, which ends with it (see Thread).
+//
 // # Pins
 //
 // A pin is what iproute2 calls a named namespace: an empty file in the run
