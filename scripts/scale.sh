@@ -10,8 +10,12 @@
 # kernel has freed everything; its exit code; when its veths were gone),
 # and then, on the same fleet made again, the baseline: every pin
 # unmounted and unlinked by scripts/bulk-unpin.c, then waiting until the
-# host veths are gone and until the namespaces are freed. Prints one line
-# per binary and step: seconds, peak RSS in MiB, exit code.
+# host veths are gone and until the namespaces are freed. The baseline
+# runs twice: on a fleet fresh from `up`, and on one that went through the
+# same `ls` as the binaries' fleets (a read that lists a namespace's veths
+# gives it an id for the host, and every such id makes the kernel's
+# teardown dearer: docs/PERFORMANCE.md). Prints one line per binary and
+# step: seconds, peak RSS in MiB, exit code.
 # Everything made is removed at the end, also on Ctrl-C.
 set -euo pipefail
 n=5000 bins=()
@@ -94,8 +98,6 @@ done
 # namespaces (held by a sleep of ours, with a veth to the host) released
 # one after the other; the kernel frees namespaces in order, so once the
 # second sentinel's veth is gone, every pin's namespace is freed.
-label=baseline
-"${bins[0]}" --run-dir "$rundir" up -f "$spec" --progress none >/dev/null
 sentinel() {
 	unshare -n sleep 100000 &
 	local pid=$! self
@@ -104,17 +106,28 @@ sentinel() {
 	ip link add "${prefix}k$1" type veth peer name p netns "$pid"
 	spids+=("$pid")
 }
-sentinel 0
-sentinel 1
-t0=$(date +%s.%N)
-"$work/bulk-unpin" "$rundir"
-while [ "$(host_veths)" != 0 ]; do sleep 0.1; done
-t1=$(date +%s.%N)
-for k in 0 1; do
-	kill "${spids[$k]}"
-	wait "${spids[$k]}" 2>/dev/null || true
-	while [ -e "/sys/class/net/${prefix}k$k" ]; do sleep 0.01; done
-done
-t2=$(date +%s.%N)
-printf '%-10s %-8s n=%-6s %8.2f s  (unpin, host veths gone)\n' baseline unpin "$n" "$(echo "$t1 - $t0" | bc)"
-printf '%-10s %-8s n=%-6s %8.2f s  (unpin, namespaces freed)\n' baseline unpin "$n" "$(echo "$t2 - $t0" | bc)"
+# baseline LABEL: make the fleet, run the commands given, tear it down.
+baseline() {
+	local label=$1
+	shift
+	"${bins[0]}" --run-dir "$rundir" up -f "$spec" --progress none >/dev/null
+	"$@"
+	spids=()
+	sentinel 0
+	sentinel 1
+	t0=$(date +%s.%N)
+	"$work/bulk-unpin" "$rundir"
+	while [ "$(host_veths)" != 0 ]; do sleep 0.1; done
+	t1=$(date +%s.%N)
+	for k in 0 1; do
+		kill "${spids[$k]}"
+		wait "${spids[$k]}" 2>/dev/null || true
+		while [ -e "/sys/class/net/${prefix}k$k" ]; do sleep 0.01; done
+	done
+	t2=$(date +%s.%N)
+	printf '%-10s %-8s n=%-6s %8.2f s  (unpin, host veths gone)\n' "$label" unpin "$n" "$(echo "$t1 - $t0" | bc)"
+	printf '%-10s %-8s n=%-6s %8.2f s  (unpin, namespaces freed)\n' "$label" unpin "$n" "$(echo "$t2 - $t0" | bc)"
+}
+ls_fleet() { "${bins[0]}" --run-dir "$rundir" ls -f "$spec" -o json >/dev/null; }
+baseline baseline true
+baseline base+ls ls_fleet
