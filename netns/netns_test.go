@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/nsfleet/nsfleet/internal/nstest"
@@ -73,6 +74,68 @@ func TestCreateDoConcurrent(t *testing.T) {
 	assertThreadsHome(t, home)
 }
 
+// A Thread enters namespace after namespace on its own thread, and is
+// back home between them and after Close.
+func TestThreadEntersInTurn(t *testing.T) {
+	nstest.RequireRoot(t)
+	home, err := netns.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer home.Close()
+	var hs []*netns.NS
+	for i := 0; i < 3; i++ {
+		h, err := netns.Create(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		hs = append(hs, h)
+	}
+	errs := make(chan error, 10)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		th, err := netns.LockThread()
+		if err != nil {
+			errs <- err
+			return
+		}
+		defer th.Close()
+		inode := func() uint64 {
+			cur, err := netns.Current()
+			if err != nil {
+				errs <- err
+				return 0
+			}
+			defer cur.Close()
+			return cur.Inode()
+		}
+		for _, h := range hs {
+			var inside uint64
+			if err := th.Do(h, func() error { inside = inode(); return nil }); err != nil {
+				errs <- err
+			}
+			if inside != h.Inode() {
+				errs <- errors.New("Thread.Do ran fn outside the namespace")
+			}
+			if inode() != home.Inode() {
+				errs <- errors.New("the thread was not back home after Thread.Do")
+			}
+		}
+		want := errors.New("fn's error")
+		if err := th.Do(hs[0], func() error { return want }); !errors.Is(err, want) {
+			errs <- errors.New("Thread.Do lost fn's error")
+		}
+	}()
+	<-done
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assertThreadsHome(t, home)
+}
+
 func assertThreadsHome(t *testing.T, home *netns.NS) {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/task")
@@ -122,12 +185,37 @@ func TestPinOpenUnpin(t *testing.T) {
 	if err != nil || len(pins) != 1 || !pins[0].Mounted || pins[0].Inode != h.Inode() || pins[0].Mounts != 1 {
 		t.Fatalf("List = %+v, %v", pins, err)
 	}
+	// OpenKnown takes the inode List saw; one that no longer matches
+	// gets Open's checks, and the namespace actually there.
+	for _, inode := range []uint64{h.Inode(), h.Inode() + 1} {
+		got, err := rd.OpenKnown("a", inode)
+		if err != nil || got.Inode() != h.Inode() {
+			t.Fatalf("OpenKnown(a, %d) = %v, %v", inode, got, err)
+		}
+		got.Close()
+	}
+	// A pin file with nothing mounted on it is no namespace, whatever
+	// inode the caller believes.
+	if err := os.WriteFile(rd.PinPath("stale"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var fst syscall.Stat_t
+	if err := syscall.Stat(rd.PinPath("stale"), &fst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rd.OpenKnown("stale", fst.Ino); !errors.Is(err, netns.ErrNotNamespace) {
+		t.Fatalf("OpenKnown(stale pin) = %v, want ErrNotNamespace", err)
+	}
+	os.Remove(rd.PinPath("stale"))
 	// A symlink in the run dir is never followed.
 	if err := os.Symlink("/etc/passwd", rd.PinPath("evil")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := rd.Open("evil"); !errors.Is(err, netns.ErrSymlink) {
 		t.Fatalf("Open(symlink) = %v, want ErrSymlink", err)
+	}
+	if _, err := rd.OpenKnown("evil", h.Inode()); !errors.Is(err, netns.ErrSymlink) {
+		t.Fatalf("OpenKnown(symlink) = %v, want ErrSymlink", err)
 	}
 	if err := rd.Pin("evil", h); !errors.Is(err, netns.ErrSymlink) {
 		t.Fatalf("Pin(symlink) = %v, want ErrSymlink", err)

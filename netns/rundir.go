@@ -338,16 +338,9 @@ func (d *RunDir) Unpin(name string) error {
 // Open opens the namespace pinned as name. It fails with ErrNotNamespace on
 // a pin file with nothing mounted, and never follows a symlink.
 func (d *RunDir) Open(name string) (*NS, error) {
-	if err := checkName(name); err != nil {
-		return nil, err
-	}
-	p := d.PinPath(name)
-	fd, err := open(p, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW)
+	fd, p, err := d.openPin(name)
 	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			return nil, fmt.Errorf("open %s: %w", p, ErrSymlink)
-		}
-		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+		return nil, err
 	}
 	n, err := fromFd(fd)
 	if err != nil {
@@ -355,6 +348,22 @@ func (d *RunDir) Open(name string) (*NS, error) {
 		return nil, fmt.Errorf("open %s: %w", p, err)
 	}
 	return n, nil
+}
+
+// openPin opens the pin file of name, never following a symlink.
+func (d *RunDir) openPin(name string) (fd int, path string, err error) {
+	if err := checkName(name); err != nil {
+		return -1, "", err
+	}
+	path = d.PinPath(name)
+	fd, err = open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return -1, "", fmt.Errorf("open %s: %w", path, ErrSymlink)
+		}
+		return -1, "", &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return fd, path, nil
 }
 
 // OpenKnown is Open for a pin that List showed with inode mounted on it:
@@ -367,16 +376,9 @@ func (d *RunDir) OpenKnown(name string, inode uint64) (*NS, error) {
 	if inode == 0 || dev == 0 {
 		return d.Open(name)
 	}
-	if err := checkName(name); err != nil {
-		return nil, err
-	}
-	p := d.PinPath(name)
-	fd, err := open(p, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW)
+	fd, p, err := d.openPin(name)
 	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			return nil, fmt.Errorf("open %s: %w", p, ErrSymlink)
-		}
-		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+		return nil, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err == nil && st.Ino == inode && uint64(st.Dev) == dev {
