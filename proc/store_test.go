@@ -37,3 +37,23 @@ func TestLoadRecoversACutShortLaunch(t *testing.T) {
 		t.Fatalf("nothing to recover: %+v", r)
 	}
 }
+
+// A reader meeting a launch in progress leaves the launcher's record alone.
+func TestRecordsDoNotRewriteALaunch(t *testing.T) {
+	s := &Store{Dir: t.TempDir()}
+	if err := s.Save(&Record{Namespace: "ns1", Name: "d", Launching: true, Started: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(s.recordPath("ns1", "d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := s.Records("ns1")
+	if err != nil || len(recs) != 1 || recs[0].PID != 0 || Alive(recs[0]) {
+		t.Fatalf("Records = %+v, %v; want the launch, not running yet", recs, err)
+	}
+	after, err := os.ReadFile(s.recordPath("ns1", "d"))
+	if err != nil || string(after) != string(before) {
+		t.Fatalf("Records rewrote the launcher's record:\n%s\nwas\n%s", after, before)
+	}
+}

@@ -64,9 +64,12 @@ func (s *Store) marker(ns, name string) string {
 }
 
 // recoverLaunch finds the process a cut-short launch started, by its
-// marker, and records it; with none found, the record is marked not
-// running (PID 0), so it will be started.
-func (s *Store) recoverLaunch(r *Record) (*Record, error) {
+// marker, and records it (with save); with none found, the record is
+// marked not running (PID 0), so it will be started. Only the supervisor
+// saves: a reader (ls, a stop) may meet a launch in progress, not cut
+// short, and saving PID 0 over the launcher's record would orphan the
+// process it is starting.
+func (s *Store) recoverLaunch(r *Record, save bool) (*Record, error) {
 	want := []byte(s.marker(r.Namespace, r.Name) + "\x00")
 	ents, _ := os.ReadDir("/proc")
 	r.Launching, r.PID = false, 0
@@ -90,6 +93,9 @@ func (s *Store) recoverLaunch(r *Record) (*Record, error) {
 		r.PID, r.StartTime, r.NetNS = pid, start, st.Ino
 		break
 	}
+	if !save {
+		return r, nil
+	}
 	return r, s.Save(r)
 }
 
@@ -102,8 +108,11 @@ func (s *Store) LogPath(ns, name string) string {
 	return filepath.Join(s.Dir, "logs", ns, name+".log")
 }
 
-// Load returns the record of one process, or nil if there is none.
-func (s *Store) Load(ns, name string) (*Record, error) {
+// Load returns the record of one process, or nil if there is none; a
+// launch cut short is recovered and recorded (see recoverLaunch).
+func (s *Store) Load(ns, name string) (*Record, error) { return s.load(ns, name, true) }
+
+func (s *Store) load(ns, name string, save bool) (*Record, error) {
 	b, err := os.ReadFile(s.recordPath(ns, name))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -116,7 +125,7 @@ func (s *Store) Load(ns, name string) (*Record, error) {
 		return nil, fmt.Errorf("record %s: %w", s.recordPath(ns, name), err)
 	}
 	if r.Launching {
-		return s.recoverLaunch(&r)
+		return s.recoverLaunch(&r, save)
 	}
 	return &r, nil
 }
@@ -155,7 +164,9 @@ func (s *Store) Namespaces() (map[string]bool, error) {
 	return out, nil
 }
 
-// Records returns the records of one namespace, sorted by process name.
+// Records returns the records of one namespace, sorted by process name. It
+// only reads: a launch in progress shows as its process if it has
+// started, else as not running, and its record is left to the launcher.
 func (s *Store) Records(ns string) ([]*Record, error) {
 	ents, err := os.ReadDir(filepath.Join(s.Dir, "procs", ns))
 	if errors.Is(err, os.ErrNotExist) {
@@ -170,7 +181,7 @@ func (s *Store) Records(ns string) ([]*Record, error) {
 		if !ok {
 			continue
 		}
-		r, err := s.Load(ns, name)
+		r, err := s.load(ns, name, false) // a reader: see recoverLaunch
 		if err != nil || r == nil {
 			continue
 		}
