@@ -30,11 +30,11 @@ import (
 // Like a Conn, a Devices belongs to the namespace of the thread that
 // opened it, and may then be used from any goroutine at once.
 type Devices struct {
-	fd  int // AF_INET datagram socket for the ioctls
-	sys int // private sysfs root, or -1
-	// dirs: the sysfs directories names are looked up in (devices/virtual/net,
-	// then class/net), opened once: a lookup then walks two path components
-	// instead of five.
+	fd int // AF_INET datagram socket for the ioctls
+	// dirs: the directories of a private sysfs instance that names are
+	// looked up in (devices/virtual/net, then class/net), opened once (a
+	// lookup then walks two path components instead of five; they hold
+	// the instance). None: names are asked by ioctl.
 	dirs []int
 }
 
@@ -46,9 +46,8 @@ func OpenDevices() (*Devices, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device socket: %w", err)
 	}
-	d := &Devices{fd: fd, sys: -1}
+	d := &Devices{fd: fd}
 	if s, err := openSysfs(); err == nil {
-		d.sys = s
 		// Virtual devices (veth, dummy, bridge: what a fleet's host ends
 		// are) are looked for where they live first; class/net holds a
 		// symbolic link to every device.
@@ -57,10 +56,7 @@ func OpenDevices() (*Devices, error) {
 				d.dirs = append(d.dirs, fd)
 			}
 		}
-		if len(d.dirs) == 0 {
-			unix.Close(s)
-			d.sys = -1
-		}
+		unix.Close(s)
 	}
 	return d, nil
 }
@@ -81,7 +77,7 @@ func openSysfs() (int, error) {
 }
 
 // Sysfs reports whether names are looked up in sysfs (false: by ioctl).
-func (d *Devices) Sysfs() bool { return d.sys >= 0 }
+func (d *Devices) Sysfs() bool { return len(d.dirs) > 0 }
 
 // Close releases the socket and the sysfs instance.
 func (d *Devices) Close() {
@@ -91,10 +87,6 @@ func (d *Devices) Close() {
 	if d.fd >= 0 {
 		unix.Close(d.fd)
 		d.fd = -1
-	}
-	if d.sys >= 0 {
-		unix.Close(d.sys)
-		d.sys = -1
 	}
 	for _, fd := range d.dirs {
 		unix.Close(fd)
@@ -150,7 +142,7 @@ func (d *Devices) sysfsInt(name, attr string) (int, bool, error) {
 // Index returns the ifindex of the link called name, and false if there is
 // none.
 func (d *Devices) Index(name string) (int, bool, error) {
-	if d.sys >= 0 && sysfsName(name) {
+	if d.Sysfs() && sysfsName(name) {
 		return d.sysfsInt(name, "ifindex")
 	}
 	ifr, err := unix.NewIfreq(name)
@@ -170,7 +162,7 @@ func (d *Devices) Index(name string) (int, bool, error) {
 // (not its Type nor its peer: see Devices), and false if there is none.
 // It costs three lookups; Index costs one.
 func (d *Devices) ByName(name string) (Link, bool, error) {
-	if d.sys >= 0 && sysfsName(name) {
+	if d.Sysfs() && sysfsName(name) {
 		l := Link{Name: name, PeerIndex: -1, PeerNsID: -1}
 		var flags int
 		for _, a := range []struct {

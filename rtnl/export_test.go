@@ -1,13 +1,16 @@
 package rtnl
 
+import "golang.org/x/sys/unix"
+
 // ParseLinkForTest exposes parseLink to the fuzz target.
 var ParseLinkForTest = parseLink
 
 // IoctlOnly makes d answer by ioctl only, as where sysfs cannot be mounted.
 func (d *Devices) IoctlOnly() {
-	if d.sys >= 0 {
-		d.sys = -1 // the fd is left to the test's end: this is a test
+	for _, fd := range d.dirs {
+		unix.Close(fd)
 	}
+	d.dirs = nil
 }
 
 // ParseNetconfForTest exposes parseNetconf to the fuzz target.

@@ -116,8 +116,7 @@ func cstring(b []byte) string {
 func (c *Conn) getLinks(index int, name string, nsid int) ([]Link, error) {
 	var out []Link
 	err := retryDump(func() error {
-		lc := c.linksCall(index, name, nsid, &out)
-		return c.raw.exec(lc.req, lc.resType, lc.f)
+		return c.raw.run(c.linksCall(index, name, nsid, &out))
 	})
 	if err != nil {
 		return nil, err

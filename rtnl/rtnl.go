@@ -450,8 +450,7 @@ func (c *Conn) Routes() ([]Route, error) {
 // Works on a lite Conn (one RTM_GETNSID on the raw socket).
 func (c *Conn) NsID(fd int) (int, error) {
 	id, found := -1, false
-	nc := c.nsidCall(fd, &id, &found)
-	if err := c.raw.exec(nc.req, nc.resType, nc.f); err != nil {
+	if err := c.raw.run(c.nsidCall(fd, &id, &found)); err != nil {
 		return -1, fmt.Errorf("get nsid: %w", err)
 	}
 	if !found {
@@ -500,8 +499,7 @@ func (c *Conn) AddDevice(kind, name string) error {
 // the raw socket; works on a lite Conn.
 func (c *Conn) Netconf(family int, index int32) (map[uint16]int32, error) {
 	var out map[uint16]int32
-	nc := c.netconfCall(NetconfKey{family, index}, &out)
-	if err := c.raw.exec(nc.req, nc.resType, nc.f); err != nil {
+	if err := c.raw.run(c.netconfCall(NetconfKey{family, index}, &out)); err != nil {
 		return nil, fmt.Errorf("netconf: %w", err)
 	}
 	if out == nil {

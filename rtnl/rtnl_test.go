@@ -410,28 +410,36 @@ func TestBatchReplies(t *testing.T) {
 	}
 }
 
+// withHostVeth makes a namespace with a veth to the host, whose host end
+// is called name and whose other end is "p". The caller closes it.
+func withHostVeth(t *testing.T, name string) *netns.NS {
+	t.Helper()
+	host, err := rtnl.OpenLite()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	h, err := netns.Create(func(in *netns.NS) error {
+		return host.AddVeth(rtnl.VethPair{Host: name, Peer: "p", PeerNsFd: in.Fd()})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 // A namespace's id for the host, read with its links, is the one its
 // veths to the host show, also in a namespace that had none before.
 func TestReadPairsWithHost(t *testing.T) {
 	nstest.RequireRoot(t)
 	p := nstest.Prefix(t)
 	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
-	host, err := rtnl.OpenLite()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
 	home, err := netns.Current()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer home.Close()
-	h, err := netns.Create(func(in *netns.NS) error {
-		return host.AddVeth(rtnl.VethPair{Host: p + "h", Peer: "p", PeerNsFd: in.Fd()})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := withHostVeth(t, p+"h")
 	defer h.Close()
 	err = rtnl.Inside(h, rtnl.OpenLite, func(c *rtnl.Conn) error {
 		r, err := c.Read(home.Fd(), nil)
@@ -476,12 +484,7 @@ func TestWatchNsIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer host.Close()
-	h, err := netns.Create(func(in *netns.NS) error {
-		return host.AddVeth(rtnl.VethPair{Host: p + "w", Peer: "p", PeerNsFd: in.Fd()})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := withHostVeth(t, p+"w")
 	if id, err := host.NsID(h.Fd()); err != nil || id < 0 {
 		h.Close()
 		t.Fatalf("the namespace has no id here: %d, %v", id, err)

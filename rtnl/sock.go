@@ -76,11 +76,16 @@ type call struct {
 // kernel's error (an errno, with the kernel's message when it gave one),
 // or nl.ErrDumpInterrupted when a dump was interrupted by a change.
 func (s *sock) exec(req *nl.NetlinkRequest, resType uint16, f func([]byte) error) error {
-	c := [1]call{{req: req, resType: resType, f: f}}
-	if err := s.batch(c[:]); err != nil {
+	return s.run(call{req: req, resType: resType, f: f})
+}
+
+// run is exec for a call already made (nsidCall, linksCall, ...).
+func (s *sock) run(c call) error {
+	cs := [1]call{c}
+	if err := s.batch(cs[:]); err != nil {
 		return err
 	}
-	return c[0].result()
+	return cs[0].result()
 }
 
 // result is exec's answer for one call of a batch.
