@@ -114,6 +114,12 @@ func (td *teardown) fail(name string, a Action, err error) {
 func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (DownReport, error) {
 	opts = opts.withDefaults()
 	rd := opts.RunDir
+	// The host's links are read while the run dir is (see List).
+	table := make(chan *rtnl.LinkTable, 1)
+	go func() {
+		t, _ := rtnl.ReadLinkTable() // nil: host ends are asked about by index
+		table <- t
+	}()
 	all, err := rd.List()
 	if err != nil {
 		return DownReport{}, fmt.Errorf("down: %w", err)
@@ -130,7 +136,7 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 	}
 	defer host.Close()
 	td := &teardown{ctx: ctx, opts: opts, rd: rd, host: host, t: newTally(len(pins), opts.Mark, opts.OnResult)}
-	targets, err := td.check(pins)
+	targets, err := td.check(pins, table)
 	if err != nil {
 		return DownReport{}, fmt.Errorf("down: %w", err)
 	}
@@ -170,16 +176,18 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 // that hold no namespace, makes sure the others are nsfleet's (unless
 // Adopt), notes their host veths and stops their processes. It returns the
 // namespaces to unpin.
-func (td *teardown) check(pins []netns.PinInfo) ([]*target, error) {
-	// No dump of the host's links here: the kernel fills in each host
-	// veth's peer namespace id by a scan over every id the host has, so one
-	// dump costs veths x namespaces (1.5 s of CPU at 10,000 routers, four
-	// times that at twice the size). Each namespace tells its host ends.
-	home, err := openHome()
+func (td *teardown) check(pins []netns.PinInfo, table <-chan *rtnl.LinkTable) ([]*target, error) {
+	// No dump of the host's links over rtnetlink here: the kernel fills in
+	// each host veth's peer namespace id by a scan over every id the host
+	// has, so one dump costs veths x namespaces (1.5 s of CPU at 10,000
+	// routers, four times that at twice the size). Each namespace tells
+	// its veths' peer indexes; the host's names come from ethtool's dump.
+	snap, err := hostSnapshot(nil)
 	if err != nil {
 		return nil, err
 	}
-	defer home.Close()
+	defer snap.close()
+	snap.links = <-table
 	targets := make([]*target, len(pins))
 	// The checks mostly wait in the kernel: more workers than CPUs help
 	// (5,000 routers: pins gone at 0.98 s with 2, 0.77 s with 4 or 8).
@@ -212,7 +220,7 @@ func (td *teardown) check(pins []netns.PinInfo) ([]*target, error) {
 			td.t.add(Result{Name: p.Name, Action: Deleted, Fixes: []string{"removed pin file with no namespace"}})
 			return
 		}
-		tg, err := check(rd, home, p.Name, opts.Adopt)
+		tg, err := check(rd, snap, p.Name, opts.Adopt)
 		if tg != nil {
 			tg.inode = p.Inode
 		}
@@ -384,41 +392,36 @@ func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration,
 const fdsPerChecker = 6
 
 // check opens a pinned namespace and, from inside it, makes sure it is
-// nsfleet's (or adopt) and finds its host veths: the ifindexes of the other
-// ends of the veths inside whose peer is in the host (by the id the
-// namespace uses for the host; a veth's two ends point at each other, so
-// that is the host end). Asking the host for the namespace's id instead
-// would cost a lookup linear in the fleet per namespace. The host ends'
-// names are not known here ("" in target.veths); waitLinksGone fills them in.
-func check(rd *netns.RunDir, home *netns.NS, name string, adopt bool) (*target, error) {
+// nsfleet's (or adopt) and finds its host veths, by name and index: the
+// host links paired with its veths (snapshot.hostEnd). It reads the
+// namespace with rtnl.Survey: a read that gave it an id for the host would
+// make the kernel's teardown that follows dearer (at 40,000 routers, 183 s
+// to free instead of 65 s: docs/PERFORMANCE.md).
+func check(rd *netns.RunDir, snap *snapshot, name string, adopt bool) (*target, error) {
 	h, err := rd.Open(name)
 	if err != nil {
 		return nil, err
 	}
 	defer h.Close()
 	tg := &target{name: name, veths: map[int]string{}}
-	owned := false
+	var obs Observed
 	err = rtnl.Inside(h, rtnl.OpenLite, func(in *rtnl.Conn) error {
-		r, err := in.Read(home.Fd(), nil)
-		if err != nil {
-			return err
-		}
-		hostID := r.NsID
-		for _, l := range r.Links {
-			if l.Index == rtnl.LoopbackIndex {
-				owned = l.Alias == Marker
-			}
-			if l.Type == "veth" && hostID >= 0 && l.PeerNsID == hostID && l.PeerIndex > 0 {
-				tg.veths[l.PeerIndex] = ""
-			}
-		}
-		return nil
+		r, err := in.Survey(nil)
+		obs.Links = r.Links
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if !owned && !adopt {
+	if !obs.Owned() && !adopt {
 		return nil, ErrForeign
+	}
+	for _, l := range obs.Links {
+		if l.Type == "veth" {
+			if host := snap.hostEnd(&obs, l); host != "" {
+				tg.veths[l.PeerIndex] = host
+			}
+		}
 	}
 	return tg, nil
 }
@@ -438,17 +441,25 @@ func IsOwned(h *netns.NS) (bool, error) {
 // hostVeth is a host end that Down waits for.
 type hostVeth struct {
 	index int
-	name  string // "" until first seen
+	name  string
 	owner string // the namespace it is paired into
 }
 
+// present reports whether v is still there: a link of its name with its
+// index (the name may have been taken by a new link since).
+func (v hostVeth) present(dev *rtnl.Devices) (bool, error) {
+	index, ok, err := dev.Index(v.name)
+	return ok && index == v.index, err
+}
+
 // waitLinksGone polls the host ends in veths until none is left, and on
-// ctx's end returns those still there. It asks about each by index
-// (rtnl.Devices: no rtnetlink, whose every answer about a veth costs a scan
-// over the host's namespace ids, which a dump of the host pays per veth:
-// at 40,000 routers each dump took seconds of the CPU the kernel's cleanup
-// needs). The kernel frees the namespaces about in the order they were
-// released, so each poll asks from the first end still there up to
+// ctx's end returns those still there. It asks about each by name
+// (rtnl.Devices: sysfs, about 4x cheaper than an ioctl on a host of
+// 80,000 links, and no rtnetlink, whose every answer about a veth costs a
+// scan over the host's namespace ids, which a dump of the host pays per
+// veth: at 40,000 routers each dump took seconds of the CPU the kernel's
+// cleanup needs). The kernel frees the namespaces about in the order they
+// were released, so each poll asks from the first end still there up to
 // lookahead more, and every end is found gone about once: the whole wait
 // asks O(N) questions.
 func waitLinksGone(ctx context.Context, dev *rtnl.Devices, veths []hostVeth, onPoll func(left int)) ([]hostVeth, error) {
@@ -462,14 +473,11 @@ func waitLinksGone(ctx context.Context, dev *rtnl.Devices, veths []hostVeth, onP
 				kept = append(kept, left[i:]...)
 				break
 			}
-			name, ok, err := dev.NameOf(v.index)
+			there, err := v.present(dev)
 			if err != nil {
 				return left, err
 			}
-			// A name not known yet is learnt now; a known one guards
-			// against a reused index.
-			if ok && (v.name == "" || v.name == name) {
-				v.name = name
+			if there {
 				kept = append(kept, v)
 				present++
 			}
@@ -493,10 +501,7 @@ func waitLinksGone(ctx context.Context, dev *rtnl.Devices, veths []hostVeth, onP
 func stillThere(dev *rtnl.Devices, veths []hostVeth) []hostVeth {
 	var out []hostVeth
 	for _, v := range veths {
-		if name, ok, err := dev.NameOf(v.index); err != nil || ok && (v.name == "" || v.name == name) {
-			if v.name == "" {
-				v.name = name
-			}
+		if there, err := v.present(dev); err != nil || there {
 			out = append(out, v)
 		}
 	}

@@ -385,3 +385,67 @@ func TestRunDirLock(t *testing.T) {
 	}
 	l2.Unlock()
 }
+
+// Reading a fleet (ls with and without a spec, a second up, down's check)
+// gives its namespaces no id for the host: each such id makes the kernel's
+// teardown of any namespace dearer (rtnl.Survey). ls still pairs every
+// veth with its host end.
+func TestReadsGiveNoNamespaceIDs(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	f := routers(t, p, 5, "")
+	opts := fleet.Options{RunDir: rd}
+	up(t, f, opts)
+	t.Cleanup(func() { down(t, fleet.Selector{Prefix: p}, opts) })
+	if m := states(t, f, opts); m[fleet.StateOK] != 5 {
+		t.Fatalf("ls: %v", m)
+	}
+	st, err := fleet.List(context.Background(), nil, fleet.Selector{Prefix: p}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st {
+		var ends []string
+		for _, l := range s.Links {
+			if l.Type == "veth" {
+				ends = append(ends, l.Host)
+			}
+		}
+		i := strings.TrimPrefix(s.Name, p+"bar-")
+		if want := []string{p + "o" + i, p + "g" + i}; strings.Join(ends, " ") != strings.Join(want, " ") {
+			t.Errorf("%s: host ends %q, want %q", s.Name, ends, want)
+		}
+	}
+	if s := up(t, f, opts); s.Counts[fleet.Unchanged] != 5 {
+		t.Fatalf("second up: %+v", s.Counts)
+	}
+	dry := opts
+	dry.DryRun = true
+	if r, err := fleet.Down(context.Background(), fleet.Selector{Prefix: p}, dry, fleet.DownOptions{}); err != nil || r.Counts[fleet.WouldDelete] != 5 {
+		t.Fatalf("down --dry-run: %+v, %v", r, err)
+	}
+	home, err := netns.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer home.Close()
+	for _, name := range f.Names() {
+		inside(t, rd, name, func(c *rtnl.Conn) error {
+			if id, err := c.NsID(home.Fd()); err != nil || id != -1 {
+				t.Errorf("%s has id %d for the host (%v), want none", name, id, err)
+			}
+			return nil
+		})
+	}
+	// The check above can fail: an rtnetlink dump of the links gives one.
+	inside(t, rd, f.Names()[0], func(c *rtnl.Conn) error {
+		if _, err := c.Links(); err != nil {
+			return err
+		}
+		if id, err := c.NsID(home.Fd()); err != nil || id < 0 {
+			t.Errorf("after a dump: id %d (%v), want one", id, err)
+		}
+		return nil
+	})
+}

@@ -289,7 +289,7 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 	}
 	defer h.Close()
 	st.Inode = h.Inode()
-	obs := Observed{HostAddrs: snap.addrs, HostIDInside: -1}
+	obs := Observed{HostAddrs: snap.addrs}
 	if want != nil {
 		if obs.HostLinks, err = snap.hostLinks(want); err != nil {
 			return err
@@ -312,13 +312,13 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 	err = rtnl.InsideOn(r.thread, h, open, func(in *rtnl.Conn) error {
 		var err error
 		if want == nil {
-			got, err := in.Read(snap.home.Fd(), nil)
+			got, err := in.Survey(nil)
 			if err == nil {
-				obs.Links, obs.HostIDInside = got.Links, got.NsID
+				obs.Links = got.Links
 			}
 			return err
 		}
-		if err := observe(in, snap.home, pfs, want, &obs); err != nil {
+		if err := observe(in, pfs, want, &obs); err != nil {
 			return err
 		}
 		fixes, err = Diff(want, &obs, false)
@@ -327,17 +327,8 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 	st.Owned = obs.Owned()
 	for _, l := range obs.Links {
 		ls := LinkStatus{Name: l.Name, Type: l.Type, Up: l.Up, MTU: l.MTU}
-		if l.Type == "veth" && obs.HostIDInside >= 0 && l.PeerNsID == obs.HostIDInside {
-			// Its peer is the host link of that index: a veth pair is
-			// symmetric, so the host is not asked about the peer.
-			for name, hl := range obs.HostLinks {
-				if hl.Index == l.PeerIndex {
-					ls.Host = name // the spec's name, already looked up
-				}
-			}
-			if ls.Host == "" {
-				ls.Host = snap.hostName(l.PeerIndex)
-			}
+		if l.Type == "veth" {
+			ls.Host = snap.hostEnd(&obs, l)
 		}
 		st.Links = append(st.Links, ls)
 	}

@@ -25,28 +25,27 @@ type Observed struct {
 	Sysctls map[string]string      // the spec's keys; missing keys are absent
 	// HostLinks are the host namespace's links that the spec names for
 	// this namespace (its veths' host ends), by name, as rtnl.Devices
-	// reads them: index, state and MTU, no type or peer. HostIDInside is
-	// the id this namespace uses for the host namespace (-1: none
-	// assigned). Both are asked where the kernel's lookup is constant or
-	// over this namespace's few peers: anything the host says about its
-	// veths' peers costs a lookup over every namespace the host knows
-	// (peernet2id), linear in the fleet, for each veth.
-	HostLinks    map[string]rtnl.Link
-	HostAddrs    map[int][]netip.Prefix
-	HostIDInside int
+	// reads them: index, the index they are linked to (PeerIndex: a
+	// veth's peer's), and state and MTU where the spec sets them; no type.
+	// Nothing here names a namespace: see pairedHere.
+	HostLinks map[string]rtnl.Link
+	HostAddrs map[int][]netip.Prefix
 }
 
 // pairedHere reports whether the host link h is a veth whose other end is
 // in this namespace, and returns that end: the veth inside whose peer is
-// h's index across in the host. A veth pair is symmetric, so that one
-// side's view is the whole answer (the host is never asked: see
-// HostLinks).
+// h's index while h's peer is its index. Neither end says which namespace
+// its peer is in (asking for that would give the namespace an id for the
+// host: see rtnl.Survey), so both must name each other. They could match
+// by chance only if a veth between two other namespaces had ends numbered
+// exactly as these two are, the host end's number coming from the host's
+// own numbering, which does not reuse numbers until it wraps at 2^31.
 func (o *Observed) pairedHere(h rtnl.Link) (rtnl.Link, bool) {
-	if o.HostIDInside < 0 || h.Index <= 0 {
+	if h.Index <= 0 || h.PeerIndex <= 0 {
 		return rtnl.Link{}, false
 	}
 	for _, in := range o.Links {
-		if in.Type == "veth" && in.PeerNsID == o.HostIDInside && in.PeerIndex == h.Index {
+		if in.Type == "veth" && in.Index == h.PeerIndex && in.PeerIndex == h.Index {
 			return in, true
 		}
 	}

@@ -27,13 +27,12 @@ func matching() *Observed {
 	return &Observed{
 		Links: []rtnl.Link{
 			{Index: 1, Name: "lo", Type: "device", Up: true, Alias: Marker, PeerNsID: -1},
-			{Index: 2, Name: "qri-1", Type: "veth", Up: true, MTU: 1400, PeerIndex: 50, PeerNsID: 3},
+			{Index: 2, Name: "qri-1", Type: "veth", Up: true, MTU: 1400, PeerIndex: 50, PeerNsID: -1},
 		},
-		Addrs:        map[int][]netip.Prefix{2: {netip.MustParsePrefix("10.0.0.2/30")}},
-		Routes:       []rtnl.Route{{To: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr("10.0.0.1"), Index: 2}},
-		Sysctls:      map[string]string{"net.ipv4.ip_forward": "1"},
-		HostLinks:    map[string]rtnl.Link{"qro-1": {Index: 50, Name: "qro-1", Type: "veth", Up: true, MTU: 1400, PeerIndex: 2, PeerNsID: 7}},
-		HostIDInside: 3,
+		Addrs:     map[int][]netip.Prefix{2: {netip.MustParsePrefix("10.0.0.2/30")}},
+		Routes:    []rtnl.Route{{To: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr("10.0.0.1"), Index: 2}},
+		Sysctls:   map[string]string{"net.ipv4.ip_forward": "1"},
+		HostLinks: map[string]rtnl.Link{"qro-1": {Index: 50, Name: "qro-1", Up: true, MTU: 1400, PeerIndex: 2, PeerNsID: -1}},
 	}
 }
 
@@ -105,9 +104,19 @@ func TestDiffConflict(t *testing.T) {
 	// The host name is held by another device (its index is not the one
 	// our veth's peer has): not ours.
 	o = matching()
-	o.HostLinks["qro-1"] = rtnl.Link{Index: 51, Name: "qro-1", Type: "dummy", PeerNsID: -1}
+	o.HostLinks["qro-1"] = rtnl.Link{Index: 51, Name: "qro-1", PeerIndex: 51, PeerNsID: -1}
 	if _, err := Diff(wantNS(), o, false); !errors.As(err, &c) {
 		t.Fatalf("dummy in the way: err = %v, want *Conflict", err)
+	}
+	// Our qri-1 names index 50 as its peer, but the host's link 50 names
+	// another: qri-1's peer is a link numbered 50 in some other namespace,
+	// and qro-1 is not ours.
+	o = matching()
+	h := o.HostLinks["qro-1"]
+	h.PeerIndex = 9
+	o.HostLinks["qro-1"] = h
+	if _, err := Diff(wantNS(), o, false); !errors.As(err, &c) {
+		t.Fatalf("host end paired elsewhere: err = %v, want *Conflict", err)
 	}
 }
 

@@ -160,25 +160,12 @@ type snapshot struct {
 	// host ends while it runs), answers the host ends' indexes and names.
 	links *rtnl.LinkTable
 	addrs map[int][]netip.Prefix
-	// home is nsfleet's own namespace, whose id inside each namespace
-	// tells which veths there are paired with the host (see Observed).
-	home *netns.NS
 }
 
 func (s *snapshot) close() {
 	if s != nil {
-		s.home.Close()
 		s.dev.Close()
 	}
-}
-
-// openHome opens nsfleet's own network namespace.
-func openHome() (*netns.NS, error) {
-	h, err := netns.Current()
-	if err != nil {
-		return nil, fmt.Errorf("own namespace: %w", err)
-	}
-	return h, nil
 }
 
 // hostSnapshot reads what f needs of the host. It does not dump the
@@ -187,10 +174,6 @@ func hostSnapshot(f *spec.Fleet) (*snapshot, error) {
 	s := &snapshot{}
 	var err error
 	if s.dev, err = rtnl.OpenDevices(); err != nil {
-		return nil, err
-	}
-	if s.home, err = openHome(); err != nil {
-		s.dev.Close()
 		return nil, err
 	}
 	if hostAddrsNeeded(f) {
@@ -223,9 +206,9 @@ func hostAddrsNeeded(f *spec.Fleet) bool {
 	return false
 }
 
-// hostLinks reads the host ends that ns's veths name: their index, and
-// their state and MTU only where the spec sets them (each is one more
-// lookup by name).
+// hostLinks reads the host ends that ns's veths name: their index, the
+// index they are linked to (see Observed.pairedHere), and their state and
+// MTU only where the spec sets them (each is one more lookup by name).
 func (s *snapshot) hostLinks(ns *spec.Namespace) (map[string]rtnl.Link, error) {
 	out := make(map[string]rtnl.Link, len(ns.Veths))
 	for _, v := range ns.Veths {
@@ -242,6 +225,9 @@ func (s *snapshot) hostLinks(ns *spec.Namespace) (map[string]rtnl.Link, error) {
 			l = rtnl.Link{Name: v.Host, PeerIndex: -1, PeerNsID: -1}
 			l.Index, ok, err = s.dev.Index(v.Host)
 		}
+		if err == nil && ok {
+			l.PeerIndex, ok, err = s.dev.IfLink(v.Host) // !ok: gone since
+		}
 		if err != nil {
 			return nil, fmt.Errorf("host: %w", err)
 		}
@@ -252,14 +238,31 @@ func (s *snapshot) hostLinks(ns *spec.Namespace) (map[string]rtnl.Link, error) {
 	return out, nil
 }
 
-// hostName is the name of the host's link of that index, "" if none.
-func (s *snapshot) hostName(index int) string {
-	if s.links != nil {
-		name, _ := s.links.NameOf(index)
-		return name
+// hostEnd returns the name of the host link paired with l, a veth of the
+// namespace obs was read from, or "" if its peer is not in the host
+// (Observed.pairedHere: both ends must name each other).
+func (s *snapshot) hostEnd(obs *Observed, l rtnl.Link) string {
+	if l.PeerIndex <= 0 {
+		return ""
 	}
-	name, ok, err := s.dev.NameOf(index)
-	if err != nil || !ok {
+	for name, hl := range obs.HostLinks {
+		if hl.Index == l.PeerIndex && hl.PeerIndex == l.Index {
+			return name // the spec's name, already looked up
+		}
+	}
+	if p, ok := obs.linkByIndex(l.PeerIndex); ok && p.Type == "veth" && p.PeerIndex == l.Index {
+		return "" // both ends are here
+	}
+	var name string
+	if s.links != nil {
+		name, _ = s.links.NameOf(l.PeerIndex)
+	} else if n, ok, err := s.dev.NameOf(l.PeerIndex); err == nil && ok {
+		name = n
+	}
+	if name == "" {
+		return ""
+	}
+	if back, ok, err := s.dev.IfLink(name); err != nil || !ok || back != l.Index {
 		return ""
 	}
 	return name
@@ -544,7 +547,7 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 		return res
 	}
 	defer h.Close()
-	obs := Observed{HostAddrs: w.snap.addrs, HostIDInside: -1}
+	obs := Observed{HostAddrs: w.snap.addrs}
 	if obs.HostLinks, err = w.snap.hostLinks(ns); err != nil {
 		res.Action, res.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: err}
 		return res
@@ -560,7 +563,7 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 	}
 	err = rtnl.Inside(h, open, func(in *rtnl.Conn) error {
 		var err error
-		if err := observe(in, w.snap.home, w.sysctls, ns, &obs); err != nil {
+		if err := observe(in, w.sysctls, ns, &obs); err != nil {
 			return err
 		}
 		if !obs.Owned() && !w.opts.Adopt {
@@ -603,25 +606,21 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 }
 
 // observe reads the namespace's state; it runs inside the namespace. Its
-// links, the id it has for the host, and the sysctls netconf carries
-// (ip_forward, a fake router's one sysctl: see sysctl.Netconf) are asked
-// for in one round trip; other sysctls are read from procfs.
-func observe(in *rtnl.Conn, home *netns.NS, pfs *sysctl.Procfs, ns *spec.Namespace, obs *Observed) error {
-	peer := -1
-	if len(ns.Veths) > 0 {
-		peer = home.Fd()
-	}
+// links and the sysctls netconf carries (ip_forward, a fake router's one
+// sysctl: see sysctl.Netconf) are read by rtnl.Survey, which gives the
+// namespace no id for the host; other sysctls are read from procfs.
+func observe(in *rtnl.Conn, pfs *sysctl.Procfs, ns *spec.Namespace, obs *Observed) error {
 	var confs []rtnl.NetconfKey
 	for _, s := range ns.Sysctls {
 		if f, ok := sysctl.Netconf(s.Key); ok && !slices.Contains(confs, netconfKey(f)) {
 			confs = append(confs, netconfKey(f))
 		}
 	}
-	r, err := in.Read(peer, confs)
+	r, err := in.Survey(confs)
 	if err != nil {
 		return err
 	}
-	obs.Links, obs.HostIDInside = r.Links, r.NsID
+	obs.Links = r.Links
 	needAddrs := false
 	for _, v := range ns.Veths {
 		needAddrs = needAddrs || len(v.PeerAddrs) > 0

@@ -115,8 +115,10 @@ func (d *Devices) readAttr(name, attr string) (string, bool, error) {
 		}
 		n, err := unix.Read(fd, buf[:])
 		unix.Close(fd)
-		if errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT) {
-			return "", false, nil // removed in between
+		if errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL) {
+			// Removed in between: a link being unregistered answers
+			// EINVAL (netdev_show: not alive).
+			return "", false, nil
 		}
 		if err != nil {
 			return "", false, fmt.Errorf("link %s: %s: %w", name, attr, err)
@@ -221,4 +223,27 @@ func (d *Devices) NameOf(index int) (string, bool, error) {
 		return "", false, fmt.Errorf("link %d: %w", index, err)
 	}
 	return ifr.Name(), true, nil
+}
+
+// IfLink returns the index the link called name is linked to, and false if
+// there is no such link: for a veth, its peer's index in the peer's
+// namespace; for a device with a lower device (a VLAN), that one's; for
+// any other, its own. With Survey's PeerIndex it pairs a veth from both
+// ends without asking rtnetlink (see Survey): two links that each name
+// the other's index. One sysfs read, or two ethtool ioctls.
+func (d *Devices) IfLink(name string) (int, bool, error) {
+	if d.Sysfs() && sysfsName(name) {
+		return d.sysfsInt(name, "iflink")
+	}
+	l, veth, ok, err := vethByIoctl(d.fd, name)
+	if err != nil {
+		return 0, false, fmt.Errorf("link %s: %w", name, err)
+	}
+	if !ok {
+		return 0, false, nil
+	}
+	if veth {
+		return l.PeerIndex, true, nil
+	}
+	return d.Index(name)
 }

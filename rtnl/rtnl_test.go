@@ -513,3 +513,108 @@ func TestWatchNsIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Survey reads what Read reads (but the peer's namespace) and gives the
+// namespace no id for the host; the host end's IfLink names the veth
+// inside, as the veth names the host end.
+func TestSurvey(t *testing.T) {
+	nstest.RequireRoot(t)
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	home, err := netns.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer home.Close()
+	h := withHostVeth(t, p+"s")
+	defer h.Close()
+	var survey, read rtnl.Reading
+	err = rtnl.Inside(h, rtnl.OpenLite, func(c *rtnl.Conn) error {
+		// Something of every kind: a bridge, a pair with both ends here,
+		// the veth to the host with its own MTU and up.
+		if err := c.AddDevice("bridge", "d0"); err != nil {
+			return err
+		}
+		if err := c.AddVeth(rtnl.VethPair{Host: "a", Peer: "b", PeerNsFd: -1}); err != nil {
+			return err
+		}
+		if _, err = c.Survey(nil); err != nil {
+			return err
+		}
+		if id, err := c.NsID(home.Fd()); err != nil || id != -1 {
+			t.Errorf("after Survey the namespace has id %d for the host (%v), want none", id, err)
+		}
+		// A change to p is announced with its peer's namespace id, which
+		// gives this namespace one (so do links that go up: a fleet whose
+		// veths are up has the ids anyway). Not LinkByName: that too.
+		dev, err := rtnl.OpenDevices()
+		if err != nil {
+			return err
+		}
+		pi, _, err := dev.Index("p")
+		dev.Close()
+		if err != nil {
+			return err
+		}
+		if err := c.SetMTU(pi, 1400); err != nil {
+			return err
+		}
+		if err := c.SetUp(pi, true); err != nil {
+			return err
+		}
+		if survey, err = c.Survey([]rtnl.NetconfKey{{Family: unix.AF_INET, Index: -1}}); err != nil {
+			return err
+		}
+		if read, err = c.Read(home.Fd(), nil); err != nil {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(survey.Netconf) != 1 {
+		t.Errorf("netconf %v", survey.Netconf)
+	}
+	if len(survey.Links) != len(read.Links) {
+		t.Fatalf("Survey found %d links, Read %d:\n%+v\n%+v", len(survey.Links), len(read.Links), survey.Links, read.Links)
+	}
+	for i, s := range survey.Links {
+		r := read.Links[i]
+		if s.Index != r.Index || s.Name != r.Name || s.Type != r.Type || s.Up != r.Up || s.MTU != r.MTU || s.Alias != r.Alias {
+			t.Errorf("link %d: Survey %+v, Read %+v", i, s, r)
+		}
+		if s.Type == "veth" && s.PeerIndex != r.PeerIndex {
+			t.Errorf("veth %s: peer %d by Survey, %d by Read", s.Name, s.PeerIndex, r.PeerIndex)
+		}
+	}
+	dev, err := rtnl.OpenDevices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	host, _, err := dev.ByName(p + "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inner rtnl.Link
+	for _, l := range survey.Links {
+		if l.Name == "p" {
+			inner = l
+		}
+	}
+	if inner.PeerIndex != host.Index {
+		t.Errorf("p names peer %d, the host end is %d", inner.PeerIndex, host.Index)
+	}
+	for _, how := range []string{"sysfs", "ioctl"} {
+		if how == "ioctl" {
+			dev.IoctlOnly()
+		}
+		if got, ok, err := dev.IfLink(p + "s"); err != nil || !ok || got != inner.Index {
+			t.Errorf("%s: IfLink of the host end %d, %v, %v; want %d", how, got, ok, err, inner.Index)
+		}
+		if _, ok, err := dev.IfLink(p + "none"); err != nil || ok {
+			t.Errorf("%s: IfLink of no link: %v, %v", how, ok, err)
+		}
+	}
+}
