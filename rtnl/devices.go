@@ -211,18 +211,11 @@ func (d *Devices) ByName(name string) (Link, bool, error) {
 // NameOf returns the name of the link with ifindex index, and false if
 // there is none.
 func (d *Devices) NameOf(index int) (string, bool, error) {
-	ifr, err := unix.NewIfreq("")
+	name, ok, err := nameOf(d.fd, index)
 	if err != nil {
-		return "", false, err
-	}
-	ifr.SetUint32(uint32(index))
-	if err := unix.IoctlIfreq(d.fd, unix.SIOCGIFNAME, ifr); err != nil {
-		if errors.Is(err, unix.ENODEV) {
-			return "", false, nil
-		}
 		return "", false, fmt.Errorf("link %d: %w", index, err)
 	}
-	return ifr.Name(), true, nil
+	return name, ok, nil
 }
 
 // IfLink returns the index the link called name is linked to, and false if

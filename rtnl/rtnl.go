@@ -88,7 +88,6 @@ var ErrDumpInterrupted = errors.New("netlink dump interrupted repeatedly by conc
 type Conn struct {
 	raw *sock
 	h   *netlink.Handle
-	gen *sock // generic netlink, for Survey; opened on first use
 }
 
 // ErrLite is returned by calls that need the full Conn on one from OpenLite.
@@ -129,8 +128,6 @@ func (c *Conn) Close() {
 	}
 	c.raw.close()
 	c.raw = nil
-	c.gen.close()
-	c.gen = nil
 }
 
 func (c *Conn) request(typ, flags int) *nl.NetlinkRequest {

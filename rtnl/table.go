@@ -8,7 +8,6 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -46,13 +45,7 @@ func ReadLinkTable() (*LinkTable, error) {
 		return nil, err
 	}
 	defer s.close()
-	return readLinkTable(s)
-}
-
-// readLinkTable dumps the links of s's namespace (s: a generic netlink
-// socket).
-func readLinkTable(s *sock) (*LinkTable, error) {
-	family, err := ethtoolFamily(s)
+	family, err := genlFamily(s, unix.ETHTOOL_GENL_NAME)
 	if err != nil {
 		return nil, fmt.Errorf("link table: %w", err)
 	}
@@ -87,35 +80,6 @@ func readLinkTable(s *sock) (*LinkTable, error) {
 	}
 	slices.SortFunc(t.order, func(a, b int32) int { return strings.Compare(t.name(a), t.name(b)) })
 	return t, nil
-}
-
-// ethtoolFamilyID caches ethtool's generic netlink family id: families are
-// registered once for the whole kernel, so one lookup serves every
-// namespace (a fleet's reads ask in each).
-var ethtoolFamilyID struct {
-	sync.Mutex
-	id uint16
-}
-
-func ethtoolFamily(s *sock) (uint16, error) {
-	ethtoolFamilyID.Lock()
-	defer ethtoolFamilyID.Unlock()
-	if ethtoolFamilyID.id != 0 {
-		return ethtoolFamilyID.id, nil
-	}
-	id, err := genlFamily(s, unix.ETHTOOL_GENL_NAME)
-	if err != nil {
-		return 0, err
-	}
-	ethtoolFamilyID.id = id
-	return id, nil
-}
-
-// All calls f with every link, by index.
-func (t *LinkTable) All(f func(index int, name string)) {
-	for i, e := range t.links {
-		f(int(e.index), t.name(int32(i)))
-	}
 }
 
 func (t *LinkTable) name(i int32) string {
