@@ -25,27 +25,30 @@ type Observed struct {
 	Sysctls map[string]string      // the spec's keys; missing keys are absent
 	// HostLinks are the host namespace's links that the spec names for
 	// this namespace (its veths' host ends), by name, as rtnl.Devices
-	// reads them: index, the index they are linked to (PeerIndex: a
-	// veth's peer's), and state and MTU where the spec sets them; no type.
-	// Nothing here names a namespace: see pairedHere.
+	// reads them: index, and state and MTU where the spec sets them; no
+	// type. PeerIndex is the index they are linked to (a veth's peer's)
+	// where it was read, -1 where not. Nothing here names a namespace:
+	// see pairedHere.
 	HostLinks map[string]rtnl.Link
 	HostAddrs map[int][]netip.Prefix
 }
 
 // pairedHere reports whether the host link h is a veth whose other end is
 // in this namespace, and returns that end: the veth inside whose peer is
-// h's index while h's peer is its index. Neither end says which namespace
-// its peer is in (asking for that would give the namespace an id for the
-// host: see rtnl.Survey), so both must name each other. They could match
-// by chance only if a veth between two other namespaces had ends numbered
-// exactly as these two are, the host end's number coming from the host's
-// own numbering, which does not reuse numbers until it wraps at 2^31.
+// h's index (and, where h's own peer index was read, whose index that
+// is). Neither end says which namespace its peer is in (asking would give
+// the namespace an id for the host: see rtnl.Survey). Taken from this
+// side alone, with the names the spec gives both ends, a wrong match
+// needs a veth of that name here paired into a third namespace with an
+// end numbered as the host end is, a number from the host's own count,
+// which is not reused until it wraps at 2^31. Before nsfleet changes a
+// host link on this word, it asks the host side too (worker.confirm).
 func (o *Observed) pairedHere(h rtnl.Link) (rtnl.Link, bool) {
-	if h.Index <= 0 || h.PeerIndex <= 0 {
+	if h.Index <= 0 {
 		return rtnl.Link{}, false
 	}
 	for _, in := range o.Links {
-		if in.Type == "veth" && in.Index == h.PeerIndex && in.PeerIndex == h.Index {
+		if in.Type == "veth" && in.PeerIndex == h.Index && (h.PeerIndex < 0 || in.Index == h.PeerIndex) {
 			return in, true
 		}
 	}

@@ -49,6 +49,14 @@ func TestDiffMatching(t *testing.T) {
 	if err != nil || len(fs) != 0 {
 		t.Fatalf("Diff = %v, %v; want nothing", fs, err)
 	}
+	// The host end's own peer index not read: this side's word is taken.
+	o := matching()
+	h := o.HostLinks["qro-1"]
+	h.PeerIndex = -1
+	o.HostLinks["qro-1"] = h
+	if fs, err := Diff(wantNS(), o, false); err != nil || len(fs) != 0 {
+		t.Fatalf("one side read: Diff = %v, %v; want nothing", fs, err)
+	}
 }
 
 func TestDiffDrift(t *testing.T) {

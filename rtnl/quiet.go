@@ -63,7 +63,7 @@ func (c *Conn) Survey(confs []NetconfKey) (Reading, error) {
 }
 
 func (c *Conn) survey(confs []NetconfKey) (Reading, error) {
-	r := Reading{NsID: -1}
+	var r Reading
 	// One round trip: lo, the IPv4 configurations of every device (and of
 	// "all" and "default"), and the other families' configurations asked.
 	v4 := make(map[int32]map[uint16]int32, 4)

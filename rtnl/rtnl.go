@@ -527,70 +527,12 @@ func (c *Conn) netconfCall(k NetconfKey, out *map[uint16]int32) call {
 	}}
 }
 
-// Reading is what Read gathers about a namespace.
+// Reading is what Survey gathers about a namespace.
 type Reading struct {
 	Links []Link
-	// NsID is the id the namespace has for the peer namespace asked about
-	// (-1: none assigned, or not asked).
-	NsID int
 	// Netconf holds the configurations asked for that the kernel
 	// answered; one it refused (IPv6 disabled, an old kernel) is absent.
 	Netconf map[NetconfKey]map[uint16]int32
-}
-
-// Read asks, in one round trip, for what a fleet's read of a namespace
-// needs: its links, the id it has for the namespace open as peerFd (when
-// peerFd >= 0), and the netconf configurations confs. Each of those alone
-// is a request of its own (Links, NsID, Netconf), and a namespace's reads
-// are mostly the system calls around them. Works on a lite Conn.
-func (c *Conn) Read(peerFd int, confs []NetconfKey) (Reading, error) {
-	var r Reading
-	err := retryDump(func() error {
-		r = Reading{NsID: -1}
-		calls := make([]call, 0, 2+len(confs))
-		// The dump goes first: describing a veth whose peer is in another
-		// namespace gives that namespace an id here if it had none, and
-		// the id asked for next is then the one the veth shows.
-		calls = append(calls, c.linksCall(0, "", -1, &r.Links))
-		found := false
-		if peerFd >= 0 {
-			calls = append(calls, c.nsidCall(peerFd, &r.NsID, &found))
-		}
-		vals := make([]map[uint16]int32, len(confs))
-		for i, k := range confs {
-			calls = append(calls, c.netconfCall(k, &vals[i]))
-		}
-		if err := c.raw.batch(calls); err != nil {
-			return fmt.Errorf("read: %w", err)
-		}
-		if err := calls[0].result(); err != nil {
-			if errors.Is(err, nl.ErrDumpInterrupted) {
-				return err // retried
-			}
-			return fmt.Errorf("dump links: %w", err)
-		}
-		if peerFd >= 0 {
-			if err := calls[1].result(); err != nil {
-				return fmt.Errorf("get nsid: %w", err)
-			}
-			if !found {
-				return errors.New("get nsid: no id in the reply")
-			}
-		}
-		for i, k := range confs {
-			if vals[i] != nil && calls[len(calls)-len(confs)+i].err == nil {
-				if r.Netconf == nil {
-					r.Netconf = make(map[NetconfKey]map[uint16]int32, len(confs))
-				}
-				r.Netconf[k] = vals[i]
-			}
-		}
-		return nil
-	})
-	if errors.Is(err, ErrDumpInterrupted) {
-		return Reading{}, fmt.Errorf("dump links: %w", err)
-	}
-	return r, err
 }
 
 const netconfaIfindex = 1
