@@ -13,8 +13,12 @@ func (d *Devices) IoctlOnly() {
 	d.dirs = nil
 }
 
-// ParseNetconfForTest exposes parseNetconf to the fuzz target.
-var ParseNetconfForTest = parseNetconf
+// ParseNetconfForTest and NetconfIndexForTest expose the netconf parsers
+// to the fuzz target.
+var (
+	ParseNetconfForTest = parseNetconf
+	NetconfIndexForTest = netconfIndex
+)
 
 // WalkMessagesForTest runs a Conn's reply walker over b, as the replies to
 // n requests numbered from seq: whether all were answered, each one's

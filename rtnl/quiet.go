@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/vishvananda/netlink/nl"
-
 	"golang.org/x/sys/unix"
 )
 
@@ -66,15 +66,18 @@ func (c *Conn) survey(confs []NetconfKey) (Reading, error) {
 	var r Reading
 	// One round trip: lo, the IPv4 configurations of every device (and of
 	// "all" and "default"), and the other families' configurations asked.
-	v4 := make(map[int32]map[uint16]int32, 4)
 	var lo []Link
-	calls := []call{c.linksCall(LoopbackIndex, "", -1, &lo), c.netconfDump(unix.AF_INET, v4)}
+	var indexes, want4 []int32
 	var others []NetconfKey
 	for _, k := range confs {
-		if k.Family != unix.AF_INET {
+		if k.Family == unix.AF_INET {
+			want4 = append(want4, k.Index)
+		} else {
 			others = append(others, k)
 		}
 	}
+	v4 := make(map[int32]map[uint16]int32, len(want4))
+	calls := []call{c.linksCall(LoopbackIndex, "", -1, &lo), c.netconfDump(unix.AF_INET, want4, &indexes, v4)}
 	vals := make([]map[uint16]int32, len(others))
 	for i, k := range others {
 		calls = append(calls, c.netconfCall(k, &vals[i]))
@@ -105,10 +108,10 @@ func (c *Conn) survey(confs []NetconfKey) (Reading, error) {
 			r.Netconf[k] = v
 		}
 	}
-	r.Links = append(make([]Link, 0, len(v4)), lo...)
+	r.Links = append(make([]Link, 0, len(indexes)), lo...)
 	var asked []int
 	fd := c.raw.fd // any socket answers the device ioctls of its namespace
-	for index := range v4 {
+	for _, index := range indexes {
 		if index <= 0 || index == LoopbackIndex {
 			continue // "all", "default", lo
 		}
@@ -154,21 +157,46 @@ func (c *Conn) survey(confs []NetconfKey) (Reading, error) {
 	return r, nil
 }
 
-// netconfDump is the RTM_GETNETCONF dump of one family's configurations,
-// gathered into out by index (-1 "all", -2 "default", or a device's).
-func (c *Conn) netconfDump(family int, out map[int32]map[uint16]int32) call {
+// netconfDump is the RTM_GETNETCONF dump of one family's configurations:
+// the index of each (-1 "all", -2 "default", or a device's) goes to
+// *indexes, and the values of those in want to vals (the others are not
+// decoded: a fleet's reads dump five per namespace and want one).
+func (c *Conn) netconfDump(family int, want []int32, indexes *[]int32, vals map[int32]map[uint16]int32) call {
 	req := c.request(unix.RTM_GETNETCONF, unix.NLM_F_DUMP)
 	req.AddData(&nl.RtGenMsg{RtGenmsg: unix.RtGenmsg{Family: uint8(family)}})
 	return call{req: req, resType: unix.RTM_NEWNETCONF, f: func(m []byte) error {
-		v, err := parseNetconf(m)
-		if err != nil {
+		index, found, err := netconfIndex(m)
+		if err != nil || !found {
 			return err
 		}
-		if index, ok := v[netconfaIfindex]; ok {
-			out[index] = v
+		*indexes = append(*indexes, index)
+		if slices.Contains(want, index) {
+			v, err := parseNetconf(m)
+			if err != nil {
+				return err
+			}
+			vals[index] = v
 		}
 		return nil
 	}}
+}
+
+// netconfIndex finds whose configuration an RTM_NEWNETCONF payload is,
+// without decoding the rest. It never panics on malformed input.
+func netconfIndex(b []byte) (index int32, found bool, err error) {
+	const hdr = 4 // struct netconfmsg, aligned
+	if len(b) < hdr {
+		return 0, false, fmt.Errorf("netconf message: %w", errShort)
+	}
+	err = walkAttrs(b[hdr:], func(a attr) {
+		if a.typ == netconfaIfindex && len(a.val) >= 4 {
+			index, found = int32(binary.NativeEndian.Uint32(a.val)), true
+		}
+	})
+	if err != nil {
+		return 0, false, fmt.Errorf("netconf: %w", err)
+	}
+	return index, found, nil
 }
 
 // nameOf asks fd's namespace for the name of the link of that index.
@@ -270,7 +298,7 @@ func vethPeer(fd int, name string, nStats uint32) (int, bool, error) {
 // links by another counter).
 var vethStats struct {
 	sync.Mutex
-	checked bool
+	checked atomic.Bool
 }
 
 const (
@@ -279,9 +307,12 @@ const (
 )
 
 func checkVethStats(fd int, name string, nStats uint32) error {
+	if vethStats.checked.Load() {
+		return nil
+	}
 	vethStats.Lock()
 	defer vethStats.Unlock()
-	if vethStats.checked {
+	if vethStats.checked.Load() {
 		return nil
 	}
 	if nStats == 0 {
@@ -298,7 +329,7 @@ func checkVethStats(fd int, name string, nStats uint32) error {
 	if first := buf[12 : 12+ethGStringLen]; cstring(first) != "peer_ifindex" {
 		return fmt.Errorf("statistics: veth's first counter is %q, not peer_ifindex", bytes.TrimRight(first, "\x00"))
 	}
-	vethStats.checked = true
+	vethStats.checked.Store(true)
 	return nil
 }
 

@@ -332,7 +332,15 @@ func FuzzParseNetconf(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{2, 0, 0, 0, 3, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		rtnl.ParseNetconfForTest(b)
+		all, err := rtnl.ParseNetconfForTest(b)
+		index, found, ierr := rtnl.NetconfIndexForTest(b)
+		if (err == nil) != (ierr == nil) {
+			t.Fatalf("parsers disagree: %v, %v", err, ierr)
+		}
+		// Both keep the last of a repeated attribute.
+		if v, ok := all[1]; err == nil && (ok != found || ok && v != index) {
+			t.Fatalf("index %d, %v; the whole parse says %d, %v", index, found, v, ok)
+		}
 	})
 }
 

@@ -12,9 +12,10 @@
 # unmounted and unlinked by scripts/bulk-unpin.c, then waiting until the
 # host veths are gone and until the namespaces are freed. The baseline
 # runs twice: on a fleet fresh from `up`, and on one that went through the
-# same `ls` as the binaries' fleets (a read that lists a namespace's veths
-# gives it an id for the host, and every such id makes the kernel's
-# teardown dearer: docs/PERFORMANCE.md). Prints one line per binary and
+# same `ls` as the binaries' fleets, the first binary's (a read that
+# describes a namespace's veths over rtnetlink gives it an id for the
+# host, and every such id makes the kernel's teardown dearer; nsfleet's
+# reads no longer do: docs/PERFORMANCE.md). Prints one line per binary and
 # step: seconds, peak RSS in MiB, exit code.
 # Everything made is removed at the end, also on Ctrl-C.
 set -euo pipefail
