@@ -15,6 +15,7 @@ import (
 	"github.com/nsfleet/nsfleet/rtnl"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/nsfleet/nsfleet/sysctl"
+	"github.com/vishvananda/netlink"
 )
 
 func TestMain(m *testing.M) { nstest.Main(m) }
@@ -448,4 +449,70 @@ func TestReadsGiveNoNamespaceIDs(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A spec's veth is taken as paired on the namespace's word, but before up
+// changes the host end it asks the host side: here the host end's name
+// and number belong to a bridge, and the veth inside is paired into a
+// third namespace with an end of that number. up must not touch the
+// bridge.
+func TestUpAsksTheHostBeforeChangingIt(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	y := fmt.Sprintf(`namespaces:
+  - name: "%[1]sr1"
+    veths:
+      - host: "%[1]sh1"
+        peer: eth0
+        mtu: 1400
+`, p)
+	f, err := spec.Parse("t.yaml", []byte(y), spec.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := fleet.Options{RunDir: rd}
+	up(t, f, opts)
+	t.Cleanup(func() { down(t, fleet.Selector{Prefix: p}, opts) })
+	host, err := netlink.LinkByName(p + "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	index := host.Attrs().Index
+	// Deleting eth0 takes the host end with it; a bridge takes its name
+	// and number, and eth0 comes back paired into another namespace, its
+	// end there numbered as the host end was.
+	inside(t, rd, p+"r1", func(c *rtnl.Conn) error {
+		l, err := c.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		return c.DeleteLink(l.Index)
+	})
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: p + "h1", Index: index}}
+	if err := netlink.LinkAdd(br); err != nil {
+		t.Fatal(err)
+	}
+	r1, err := rd.Open(p + "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r1.Close()
+	z, err := netns.Create(func(*netns.NS) error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "z", Index: index}, PeerName: "eth0", PeerNamespace: netlink.NsFd(r1.Fd())})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer z.Close()
+	s, err := fleet.Up(context.Background(), f, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Counts[fleet.Failed] != 1 || len(s.Errors) != 1 || !strings.Contains(s.Errors[0].Error(), "is not a veth paired with this namespace") {
+		t.Fatalf("up: %+v, %v", s.Counts, s.Errors)
+	}
+	if l, err := netlink.LinkByName(p + "h1"); err != nil || l.Attrs().MTU == 1400 || l.Type() != "bridge" {
+		t.Fatalf("the bridge was changed: %+v, %v", l, err)
+	}
 }
