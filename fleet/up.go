@@ -499,14 +499,22 @@ func (w *worker) addVeth(in *rtnl.Conn, inside *netns.NS, v spec.Veth) error {
 	if !v.Up && len(v.PeerAddrs) == 0 && len(v.HostAddrs) == 0 {
 		return nil
 	}
-	host, err := w.host.LinkByName(v.Host)
-	if err != nil {
-		return fmt.Errorf("veth %s/%s: %w", v.Host, v.Peer, err)
+	// By ioctl or sysfs, not LinkByName: rtnetlink's answer about a veth
+	// costs the host a scan of its namespace ids, and gives the namespace
+	// an id for the host (see rtnl.Survey).
+	hostIdx, ok, err := w.snap.dev.Index(v.Host)
+	if err == nil && !ok {
+		err = unix.ENODEV
 	}
-	hostIdx := host.Index
-	peer, err := in.LinkByName(v.Peer)
 	if err != nil {
-		return fmt.Errorf("veth %s/%s: %w", v.Host, v.Peer, err)
+		return fmt.Errorf("veth %s/%s: %s: %w", v.Host, v.Peer, v.Host, err)
+	}
+	peerIdx, ok, err := in.Index(v.Peer)
+	if err == nil && !ok {
+		err = unix.ENODEV
+	}
+	if err != nil {
+		return fmt.Errorf("veth %s/%s: %s: %w", v.Host, v.Peer, v.Peer, err)
 	}
 	for _, a := range v.HostAddrs {
 		if err := w.host.AddAddr(hostIdx, a); err != nil {
@@ -514,7 +522,7 @@ func (w *worker) addVeth(in *rtnl.Conn, inside *netns.NS, v spec.Veth) error {
 		}
 	}
 	for _, a := range v.PeerAddrs {
-		if err := in.AddAddr(peer.Index, a); err != nil {
+		if err := in.AddAddr(peerIdx, a); err != nil {
 			return fmt.Errorf("veth %s: %w", v.Peer, err)
 		}
 	}
@@ -522,7 +530,7 @@ func (w *worker) addVeth(in *rtnl.Conn, inside *netns.NS, v spec.Veth) error {
 		if err := w.host.SetUp(hostIdx, true); err != nil {
 			return fmt.Errorf("veth %s: %w", v.Host, err)
 		}
-		if err := in.SetUp(peer.Index, true); err != nil {
+		if err := in.SetUp(peerIdx, true); err != nil {
 			return fmt.Errorf("veth %s: %w", v.Peer, err)
 		}
 	}
@@ -532,11 +540,14 @@ func (w *worker) addVeth(in *rtnl.Conn, inside *netns.NS, v spec.Veth) error {
 func addRoute(in *rtnl.Conn, r spec.Route) error {
 	rt := rtnl.Route{To: r.To, Via: r.Via}
 	if r.Dev != "" {
-		l, err := in.LinkByName(r.Dev)
-		if err != nil {
-			return fmt.Errorf("route %s: %w", r.To, err)
+		index, ok, err := in.Index(r.Dev)
+		if err == nil && !ok {
+			err = unix.ENODEV
 		}
-		rt.Index = l.Index
+		if err != nil {
+			return fmt.Errorf("route %s: %s: %w", r.To, r.Dev, err)
+		}
+		rt.Index = index
 	}
 	return in.ReplaceRoute(rt)
 }

@@ -355,3 +355,21 @@ func ethtoolIoctl(fd int, name string, data unsafe.Pointer) error {
 	}
 	return nil
 }
+
+// Index returns the index of c's namespace's link called name, and false
+// if there is none: one ioctl, which, unlike LinkByName, neither gives the
+// namespace an id for a veth's peer's nor, on the host, scans the host's
+// ids for it.
+func (c *Conn) Index(name string) (int, bool, error) {
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return 0, false, fmt.Errorf("link %q: %w", name, err)
+	}
+	if err := unix.IoctlIfreq(c.raw.fd, unix.SIOCGIFINDEX, ifr); err != nil {
+		if errors.Is(err, unix.ENODEV) {
+			return 0, false, nil
+		}
+		return 0, false, fmt.Errorf("link %s: %w", name, err)
+	}
+	return int(ifr.Uint32()), true, nil
+}
