@@ -55,6 +55,16 @@ func (o *Observed) pairedHere(h rtnl.Link) (rtnl.Link, bool) {
 	return rtnl.Link{}, false
 }
 
+// pairedInside reports whether the veth l's peer is in this namespace too:
+// another veth here, numbered as l's peer, that names l back. Not l
+// itself: a veth whose peer elsewhere has the same number as it (a host
+// end numbered 2 in a host of few links, paired with a router's first
+// veth, also 2) is no pair of its own.
+func (o *Observed) pairedInside(l rtnl.Link) bool {
+	p, ok := o.linkByIndex(l.PeerIndex)
+	return ok && p.Index != l.Index && p.Type == "veth" && p.PeerIndex == l.Index
+}
+
 func (o *Observed) link(name string) (rtnl.Link, bool) {
 	for _, l := range o.Links {
 		if l.Name == name {

@@ -128,6 +128,21 @@ func TestDiffConflict(t *testing.T) {
 	}
 }
 
+func TestPairedInside(t *testing.T) {
+	o := &Observed{Links: []rtnl.Link{
+		{Index: 1, Name: "lo", Type: "device"},
+		{Index: 2, Name: "eth0", Type: "veth", PeerIndex: 2}, // its peer elsewhere is 2 too
+		{Index: 3, Name: "a", Type: "veth", PeerIndex: 4},
+		{Index: 4, Name: "b", Type: "veth", PeerIndex: 3},
+		{Index: 5, Name: "c", Type: "veth", PeerIndex: 3}, // 3 names another
+	}}
+	for i, want := range []bool{false, false, true, true, false} {
+		if got := o.pairedInside(o.Links[i]); got != want {
+			t.Errorf("%s: paired inside %v, want %v", o.Links[i].Name, got, want)
+		}
+	}
+}
+
 func TestDiffAdopt(t *testing.T) {
 	o := matching()
 	o.Links[0].Alias = ""

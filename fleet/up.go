@@ -253,8 +253,8 @@ func (s *snapshot) hostEnd(obs *Observed, l rtnl.Link) string {
 			return name // the spec's name, already looked up
 		}
 	}
-	if p, ok := obs.linkByIndex(l.PeerIndex); ok && p.Type == "veth" && p.PeerIndex == l.Index {
-		return "" // both ends are here
+	if obs.pairedInside(l) {
+		return ""
 	}
 	var name string
 	if s.links != nil {

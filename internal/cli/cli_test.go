@@ -482,3 +482,33 @@ func TestDownDryRun(t *testing.T) {
 		t.Fatalf("down: code %d\n%s%s", code, out, errs)
 	}
 }
+
+// In a host of few links (here a network namespace of its own, as when
+// nsfleet runs in a container), host ends are numbered as low as the
+// routers' own links, and a veth's peer often has its number: pairing
+// must still find every host end, and down must wait for all of them.
+func TestSmallHost(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	spec := writeSpec(t, p, 5)
+	t.Cleanup(func() { run("--run-dir", rd.Path, "down", "--prefix", p) })
+	cmd := exec.Command("unshare", "-n", os.Args[0],
+		"--run-dir", rd.Path, "up", "-f", spec, "--progress", "none", "--next",
+		"--run-dir", rd.Path, "ls", "--prefix", p, "-o", "json", "--next",
+		"--run-dir", rd.Path, "down", "-f", spec, "--progress", "none")
+	cmd.Env = append(os.Environ(), "NSFLEET_CLI_CHILD=script")
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.Count(string(out), "exit 0\n") != 3 {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for i := 1; i <= 5; i++ {
+		for _, end := range []string{"o", "g"} {
+			if want := fmt.Sprintf(`"host_end": "%s%s%d"`, p, end, i); !strings.Contains(string(out), want) {
+				t.Errorf("ls shows no %s", want)
+			}
+		}
+	}
+	if !strings.Contains(string(out), " 10 host veths gone") {
+		t.Errorf("down did not wait for the 10 host ends:\n%s", out)
+	}
+}
