@@ -12,6 +12,15 @@
 //
 // Dumps interrupted by a concurrent change (NLM_F_DUMP_INTR) are retried a
 // bounded number of times; no decision is taken from a partial dump.
+//
+// # Reading without namespace ids
+//
+// Any rtnetlink answer that describes a veth whose peer is in another
+// namespace gives the asking namespace an id for that one, and ids make
+// the kernel's teardown of every namespace dearer. A fleet's reads use
+// Survey, which asks by ioctls (on the Conn's socket, so for its
+// namespace) and by dumps that describe no veth; LinkByName, LinkByIndex
+// and Links do describe them.
 package rtnl
 
 import (
@@ -181,7 +190,8 @@ type Link struct {
 	MTU   int
 	Alias string
 	// For a veth: the peer's ifindex and the id of the peer's namespace as
-	// seen from here (-1: same namespace, or one without an id).
+	// seen from here (-1: same namespace, or one without an id, or not
+	// asked: Survey never asks, see there).
 	PeerIndex int
 	PeerNsID  int
 	// PeerElsewhere: the peer is in another namespace (IFLA_LINK_NETNSID is
