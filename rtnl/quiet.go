@@ -271,25 +271,62 @@ func vethByIoctl(fd int, name string) (l Link, veth, ok bool, err error) {
 // vethPeer reads the veth called name's peer index: the first of its
 // nStats statistics (0 while it has no peer).
 func vethPeer(fd int, name string, nStats uint32) (int, bool, error) {
-	if err := checkVethStats(fd, name, nStats); err != nil {
+	room, ok, err := statsRoom(fd, name, nStats)
+	if err != nil || !ok {
+		return 0, ok, err
+	}
+	if err := checkVethStats(fd, name, room); err != nil {
 		return 0, false, err
 	}
 	// struct ethtool_stats: cmd, n_stats, then the counters.
-	buf := make([]uint64, 1+max(nStats, 1))
+	buf := make([]uint64, 1+room)
 	*(*uint32)(unsafe.Pointer(&buf[0])) = unix.ETHTOOL_GSTATS
-	err := ethtoolIoctl(fd, name, unsafe.Pointer(&buf[0]))
+	err = ethtoolIoctl(fd, name, unsafe.Pointer(&buf[0]))
 	if errors.Is(err, unix.ENODEV) {
 		return 0, false, nil
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("statistics: %w", err)
 	}
-	if n := *(*uint32)(unsafe.Add(unsafe.Pointer(&buf[0]), 4)); n == 0 || n > nStats {
-		// Its queues changed since the driver information: the counters
-		// were not copied (the kernel refuses a buffer too short).
-		return 0, false, fmt.Errorf("statistics: %d counters, %d expected", n, nStats)
+	if n := *(*uint32)(unsafe.Add(unsafe.Pointer(&buf[0]), 4)); n == 0 || n > room {
+		return 0, false, fmt.Errorf("statistics: %d counters, room for %d", n, room)
 	}
 	return int(buf[1]), true, nil
+}
+
+// statsRoom is how many counters the veth called name can report, now that
+// it reports nStats: the kernel writes as many as the device has when it
+// is asked, whatever the buffer (ETHTOOL_GSTATS and GSTRINGS take no
+// length), and a veth's count grows with its queues in use, which may
+// change between two ioctls up to the most it was made with (ethtool -L).
+// The count is scaled to that most; nsfleet's veths have one queue each,
+// so theirs is what they report.
+func statsRoom(fd int, name string, nStats uint32) (uint32, bool, error) {
+	// struct ethtool_channels: cmd, max_rx, max_tx, max_other,
+	// max_combined, rx_count, tx_count, other_count, combined_count.
+	var ch [9]uint32
+	ch[0] = unix.ETHTOOL_GCHANNELS
+	switch err := ethtoolIoctl(fd, name, unsafe.Pointer(&ch[0])); {
+	case errors.Is(err, unix.ENODEV):
+		return 0, false, nil
+	case errors.Is(err, unix.EOPNOTSUPP):
+		// A veth without channels (before Linux 4.19) cannot change them.
+		return max(nStats, 1), true, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("channels: %w", err)
+	}
+	scale := uint32(1)
+	for _, q := range [][2]uint32{{ch[1], ch[5]}, {ch[2], ch[6]}} { // rx, tx: most, in use
+		if q[1] > 0 {
+			scale = max(scale, (q[0]+q[1]-1)/q[1])
+		} else if q[0] > 0 {
+			scale = max(scale, q[0])
+		}
+	}
+	if uint64(max(nStats, 1))*uint64(scale) > 1<<20 {
+		return 0, false, fmt.Errorf("statistics: %d counters at up to %dx as many queues", nStats, scale)
+	}
+	return max(nStats, 1) * scale, true, nil
 }
 
 // vethStats remembers whether this kernel's veths report their peer's index
@@ -306,7 +343,9 @@ const (
 	ethGStringLen = 32 // ETH_GSTRING_LEN
 )
 
-func checkVethStats(fd int, name string, nStats uint32) error {
+// checkVethStats takes room, not the count the driver information gave:
+// see statsRoom.
+func checkVethStats(fd int, name string, room uint32) error {
 	if vethStats.checked.Load() {
 		return nil
 	}
@@ -315,16 +354,16 @@ func checkVethStats(fd int, name string, nStats uint32) error {
 	if vethStats.checked.Load() {
 		return nil
 	}
-	if nStats == 0 {
-		return errors.New("statistics: a veth without counters")
-	}
 	// struct ethtool_gstrings: cmd, string_set, len, then the names.
-	buf := make([]byte, 12+int(nStats)*ethGStringLen)
+	buf := make([]byte, 12+int(room)*ethGStringLen)
 	ne := binary.NativeEndian
 	ne.PutUint32(buf[0:], unix.ETHTOOL_GSTRINGS)
 	ne.PutUint32(buf[4:], ethSSStats)
 	if err := ethtoolIoctl(fd, name, unsafe.Pointer(&buf[0])); err != nil {
 		return fmt.Errorf("statistics names: %w", err)
+	}
+	if n := ne.Uint32(buf[8:]); n == 0 || n > room {
+		return fmt.Errorf("statistics names: %d, room for %d", n, room)
 	}
 	if first := buf[12 : 12+ethGStringLen]; cstring(first) != "peer_ifindex" {
 		return fmt.Errorf("statistics: veth's first counter is %q, not peer_ifindex", bytes.TrimRight(first, "\x00"))

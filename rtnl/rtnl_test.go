@@ -14,6 +14,7 @@ import (
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
@@ -516,6 +517,11 @@ func TestSurvey(t *testing.T) {
 			return err
 		}
 		if err := c.AddVeth(rtnl.VethPair{Host: "a", Peer: "b", PeerNsFd: -1}); err != nil {
+			return err
+		}
+		// And a pair of several queues, as `ip link add` makes on a
+		// machine of several CPUs (its count of counters can grow).
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "m", NumTxQueues: 4, NumRxQueues: 4}, PeerName: "n"}); err != nil {
 			return err
 		}
 		if _, err = c.Survey(nil); err != nil {
