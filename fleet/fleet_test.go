@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -514,5 +516,65 @@ func TestUpAsksTheHostBeforeChangingIt(t *testing.T) {
 	}
 	if l, err := netlink.LinkByName(p + "h1"); err != nil || l.Attrs().MTU == 1400 || l.Type() != "bridge" {
 		t.Fatalf("the bridge was changed: %+v, %v", l, err)
+	}
+}
+
+// host_ipv6: false turns IPv6 off on the host end before it goes up; ls
+// sees it turned back on, and up turns it off again.
+func TestHostIPv6Off(t *testing.T) {
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
+		t.Skip("no IPv6 in this kernel")
+	}
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	y := fmt.Sprintf(`namespaces:
+  - name: "%[1]sr{i}"
+    count: 2
+    veths:
+      - host: "%[1]sh{i}"
+        peer: eth0
+        up: true
+        host_ipv6: false
+      - host: "%[1]sk{i}"
+        peer: eth1
+        up: true
+`, p)
+	f, err := spec.Parse("t.yaml", []byte(y), spec.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := fleet.Options{RunDir: rd}
+	up(t, f, opts)
+	t.Cleanup(func() { down(t, fleet.Selector{Prefix: p}, opts) })
+	disabled := func(dev string) string {
+		b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + dev + "/disable_ipv6")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	for _, i := range []string{"1", "2"} {
+		if disabled(p+"h"+i) != "1" || disabled(p+"k"+i) != "0" {
+			t.Fatalf("router %s: disable_ipv6 %s on h, %s on k; want 1 and 0", i, disabled(p+"h"+i), disabled(p+"k"+i))
+		}
+		if l, err := netlink.LinkByName(p + "h" + i); err != nil || l.Attrs().Flags&net.FlagUp == 0 {
+			t.Fatalf("h%s not up: %v", i, err)
+		}
+	}
+	if m := states(t, f, opts); m[fleet.StateOK] != 2 {
+		t.Fatalf("ls: %v", m)
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+p+"h2/disable_ipv6", []byte("0"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if m := states(t, f, opts); m[fleet.StateDrift] != 1 {
+		t.Fatalf("ls after IPv6 was turned on: %v", m)
+	}
+	if s := up(t, f, opts); s.Counts[fleet.Repaired] != 1 {
+		t.Fatalf("repair: %+v %v", s.Counts, s.Errors)
+	}
+	if disabled(p+"h2") != "1" {
+		t.Fatal("up did not turn IPv6 off again")
 	}
 }

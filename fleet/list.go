@@ -294,6 +294,9 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 		if obs.HostLinks, err = snap.hostLinks(want); err != nil {
 			return err
 		}
+		if obs.HostIPv6On, err = snap.hostIPv6(want); err != nil {
+			return err
+		}
 	}
 	pfs := r.sysctls
 	if want != nil && len(want.Sysctls) > 0 {

@@ -31,6 +31,9 @@ type Observed struct {
 	// see pairedHere.
 	HostLinks map[string]rtnl.Link
 	HostAddrs map[int][]netip.Prefix
+	// HostIPv6On: the host ends the spec wants without IPv6
+	// (spec.Veth.HostIPv6Off) that have it on.
+	HostIPv6On map[string]bool
 }
 
 // pairedHere reports whether the host link h is a veth whose other end is
@@ -103,6 +106,7 @@ const (
 	FixPeerAddr                   // add an address on the peer end
 	FixSysctl                     // write a sysctl
 	FixRoute                      // add or replace a route
+	FixHostIPv6                   // turn IPv6 off on a host end
 )
 
 // Fix is one step that brings a namespace to its spec.
@@ -233,6 +237,10 @@ func diffVeth(vi int, v spec.Veth, got *Observed) ([]Fix, error) {
 	var fixes []Fix
 	if v.MTU != 0 && (host.MTU != v.MTU || peer.MTU != v.MTU) {
 		fixes = append(fixes, Fix{Kind: FixVethMTU, Veth: vi, Reason: fmt.Sprintf("veth %s mtu %d/%d, want %d", pair, host.MTU, peer.MTU, v.MTU)})
+	}
+	if v.HostIPv6Off && got.HostIPv6On[v.Host] {
+		// Before the veth goes up (fixes are applied in order).
+		fixes = append(fixes, Fix{Kind: FixHostIPv6, Veth: vi, Reason: fmt.Sprintf("IPv6 is on on %s, want off", v.Host)})
 	}
 	if v.Up && (!host.Up || !peer.Up) {
 		fixes = append(fixes, Fix{Kind: FixVethUp, Veth: vi, Reason: fmt.Sprintf("veth %s is %s/%s, want up", pair, upDown(host.Up), upDown(peer.Up))})

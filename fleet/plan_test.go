@@ -18,7 +18,7 @@ func wantNS() *spec.Namespace {
 		Name:     "bar-1",
 		Loopback: true,
 		Sysctls:  []spec.Sysctl{{Key: "net.ipv4.ip_forward", Value: "1"}},
-		Veths:    []spec.Veth{{Host: "qro-1", Peer: "qri-1", MTU: 1400, Up: true, PeerAddrs: []netip.Prefix{netip.MustParsePrefix("10.0.0.2/30")}}},
+		Veths:    []spec.Veth{{Host: "qro-1", Peer: "qri-1", MTU: 1400, Up: true, HostIPv6Off: true, PeerAddrs: []netip.Prefix{netip.MustParsePrefix("10.0.0.2/30")}}},
 		Routes:   []spec.Route{{To: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr("10.0.0.1")}},
 	}
 }
@@ -74,6 +74,7 @@ func TestDiffDrift(t *testing.T) {
 		{"down", func(o *Observed) { h := o.HostLinks["qro-1"]; h.Up = false; o.HostLinks["qro-1"] = h }, FixVethUp},
 		{"address", func(o *Observed) { o.Addrs = nil }, FixPeerAddr},
 		{"route", func(o *Observed) { o.Routes = nil }, FixRoute},
+		{"host ipv6", func(o *Observed) { o.HostIPv6On = map[string]bool{"qro-1": true} }, FixHostIPv6},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

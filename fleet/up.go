@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nsfleet/nsfleet/internal/pool"
@@ -160,12 +161,68 @@ type snapshot struct {
 	// host ends while it runs), answers the host ends' indexes and names.
 	links *rtnl.LinkTable
 	addrs map[int][]netip.Prefix
+	// sys is the host's procfs, for the host ends' IPv6 switch: opened on
+	// first use, shared by the workers, so used one at a time.
+	sysMu sync.Mutex
+	sys   *sysctl.Procfs
 }
 
 func (s *snapshot) close() {
 	if s != nil {
 		s.dev.Close()
+		if s.sys != nil {
+			s.sys.Close()
+		}
 	}
+}
+
+// hostIPv6Sysctl runs fn with the host's procfs and the disable_ipv6 key of
+// the host link called name. It runs fn on a goroutine of its own: a
+// sysctl acts on the namespace of the calling thread, and the caller's may
+// be locked inside a namespace (a worker creating one); a new goroutine
+// never runs on another's locked thread, and every other thread is in
+// nsfleet's own namespace.
+func (s *snapshot) hostIPv6Sysctl(name string, fn func(p *sysctl.Procfs, key string) error) error {
+	done := make(chan error, 1)
+	go func() {
+		s.sysMu.Lock()
+		defer s.sysMu.Unlock()
+		if s.sys == nil {
+			p, err := sysctl.Open()
+			if err != nil {
+				done <- fmt.Errorf("host: %w", err)
+				return
+			}
+			s.sys = p
+		}
+		done <- fn(s.sys, "net.ipv6.conf."+strings.ReplaceAll(name, ".", "/")+".disable_ipv6")
+	}()
+	return <-done
+}
+
+// hostIPv6On reads whether the host link called name has IPv6 on (false
+// where the kernel has none).
+func (s *snapshot) hostIPv6On(name string) (bool, error) {
+	var on bool
+	err := s.hostIPv6Sysctl(name, func(p *sysctl.Procfs, key string) error {
+		v, err := p.Read(key)
+		if errors.Is(err, sysctl.ErrUnknownKey) {
+			return nil
+		}
+		on = err == nil && v == "0"
+		return err
+	})
+	return on, err
+}
+
+// setHostIPv6Off turns IPv6 off on the host link called name.
+func (s *snapshot) setHostIPv6Off(name string) error {
+	return s.hostIPv6Sysctl(name, func(p *sysctl.Procfs, key string) error {
+		if err := p.Write(key, "1"); err != nil && !errors.Is(err, sysctl.ErrUnknownKey) {
+			return fmt.Errorf("host: %w", err)
+		}
+		return nil
+	})
 }
 
 // hostSnapshot reads what f needs of the host. It does not dump the
@@ -236,6 +293,28 @@ func (s *snapshot) hostLinks(ns *spec.Namespace) (map[string]rtnl.Link, error) {
 		}
 	}
 	return out, nil
+}
+
+// hostIPv6 reads which of ns's host ends that the spec wants without IPv6
+// have it on (nil if the spec wants it everywhere).
+func (s *snapshot) hostIPv6(ns *spec.Namespace) (map[string]bool, error) {
+	var on map[string]bool
+	for _, v := range ns.Veths {
+		if !v.HostIPv6Off {
+			continue
+		}
+		yes, err := s.hostIPv6On(v.Host)
+		if err != nil {
+			return nil, err
+		}
+		if yes {
+			if on == nil {
+				on = map[string]bool{}
+			}
+			on[v.Host] = true
+		}
+	}
+	return on, nil
 }
 
 // hostEnd returns the name of the host link paired with l, a veth of the
@@ -496,6 +575,11 @@ func (w *worker) addVeth(in *rtnl.Conn, inside *netns.NS, v spec.Veth) error {
 	if err := w.host.AddVeth(rtnl.VethPair{Host: v.Host, Peer: v.Peer, MTU: v.MTU, PeerNsFd: inside.Fd()}); err != nil {
 		return err
 	}
+	if v.HostIPv6Off {
+		if err := w.snap.setHostIPv6Off(v.Host); err != nil {
+			return fmt.Errorf("veth %s/%s: %w", v.Host, v.Peer, err)
+		}
+	}
 	if !v.Up && len(v.PeerAddrs) == 0 && len(v.HostAddrs) == 0 {
 		return nil
 	}
@@ -562,7 +646,10 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 	}
 	defer h.Close()
 	obs := Observed{HostAddrs: w.snap.addrs}
-	if obs.HostLinks, err = w.snap.hostLinks(ns); err != nil {
+	if obs.HostLinks, err = w.snap.hostLinks(ns); err == nil {
+		obs.HostIPv6On, err = w.snap.hostIPv6(ns)
+	}
+	if err != nil {
 		res.Action, res.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: err}
 		return res
 	}
@@ -707,7 +794,7 @@ func (w *worker) apply(in *rtnl.Conn, h *netns.NS, ns *spec.Namespace, obs *Obse
 			}
 		}
 		return w.addVeth(in, h, ns.Veths[f.Veth])
-	case FixVethMTU, FixVethUp, FixHostAddr, FixPeerAddr:
+	case FixVethMTU, FixVethUp, FixHostAddr, FixPeerAddr, FixHostIPv6:
 		v := ns.Veths[f.Veth]
 		host, peer := obs.HostLinks[v.Host], rtnl.Link{}
 		peer, _ = obs.link(v.Peer)
@@ -720,6 +807,8 @@ func (w *worker) apply(in *rtnl.Conn, h *netns.NS, ns *spec.Namespace, obs *Obse
 				return err
 			}
 			return in.SetMTU(peer.Index, v.MTU)
+		case FixHostIPv6:
+			return w.snap.setHostIPv6Off(v.Host)
 		case FixVethUp:
 			if err := w.host.SetUp(host.Index, true); err != nil {
 				return err

@@ -111,6 +111,12 @@ type Veth struct {
 	Up        bool
 	HostAddrs []netip.Prefix
 	PeerAddrs []netip.Prefix
+	// HostIPv6Off (host_ipv6: false): IPv6 off on the host end (its
+	// disable_ipv6), set before it goes up. A host end that goes up with
+	// IPv6 adds routes of its own to the host's IPv6 table, and with
+	// thousands of them every route lookup and interface change walks
+	// them all.
+	HostIPv6Off bool
 }
 
 // Route is a route inside the namespace. A zero To means the default route.
@@ -201,6 +207,7 @@ type vethTemplate struct {
 	Up            bool     `yaml:"up"`
 	HostAddresses []string `yaml:"host_addresses"`
 	PeerAddresses []string `yaml:"peer_addresses"`
+	HostIPv6      *bool    `yaml:"host_ipv6"`
 }
 
 type routeTemplate struct {
@@ -480,7 +487,7 @@ func (x *expander) veths(lines []int) ([]Veth, map[string]bool, error) {
 		if vt.Host == "" || vt.Peer == "" {
 			return nil, nil, x.bad(vl, "veth %d: both 'host' and 'peer' are required", vi+1)
 		}
-		v := Veth{MTU: vt.MTU, Up: vt.Up}
+		v := Veth{MTU: vt.MTU, Up: vt.Up, HostIPv6Off: vt.HostIPv6 != nil && !*vt.HostIPv6}
 		var err error
 		if v.Host, err = expand(vt.Host, x.env); err != nil {
 			return nil, nil, x.bad(vl, "veth host: %v", err)
@@ -509,6 +516,11 @@ func (x *expander) veths(lines []int) ([]Veth, map[string]bool, error) {
 		}
 		if v.PeerAddrs, err = expandPrefixes(vt.PeerAddresses, x.env); err != nil {
 			return nil, nil, x.bad(vl, "veth %s peer_addresses: %v", v.Peer, err)
+		}
+		for _, a := range v.HostAddrs {
+			if v.HostIPv6Off && a.Addr().Is6() {
+				return nil, nil, x.bad(vl, "veth %s: host_addresses has the IPv6 address %s, but host_ipv6 is false", v.Host, a)
+			}
 		}
 		out = append(out, v)
 	}

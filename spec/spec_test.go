@@ -41,7 +41,7 @@ func TestParseLabExample(t *testing.T) {
 	}
 	r2, _ := f.Lookup("lab-r2")
 	v := r2.Veths[0]
-	if v.MTU != 1400 || !v.Up || v.HostAddrs[0] != netip.MustParsePrefix("198.18.0.9/30") || v.PeerAddrs[0] != netip.MustParsePrefix("198.18.0.10/30") {
+	if v.MTU != 1400 || !v.Up || !v.HostIPv6Off || v.HostAddrs[0] != netip.MustParsePrefix("198.18.0.9/30") || v.PeerAddrs[0] != netip.MustParsePrefix("198.18.0.10/30") {
 		t.Fatalf("veth = %+v", v)
 	}
 	if r := r2.Routes[0]; r.To != netip.MustParsePrefix("0.0.0.0/0") || r.Via != netip.MustParseAddr("198.18.0.9") {
@@ -115,6 +115,7 @@ func TestRefused(t *testing.T) {
 		{"empty", "", "empty spec", 0, Options{}},
 		{"no namespaces", "namespaces: []\n", "no namespaces declared", 1, Options{}},
 		{"bad address", "namespaces:\n  - name: a\n    veths: [{host: h, peer: p, host_addresses: [\"10.0.0.1\"]}]\n", "want an address with a prefix length", 3, Options{}},
+		{"ipv6 address, host_ipv6 off", "namespaces:\n  - name: a\n    veths: [{host: h, peer: p, host_ipv6: false, host_addresses: [\"fd00::1/64\"]}]\n", "host_ipv6 is false", 3, Options{}},
 		{"bad mtu", "namespaces:\n  - name: a\n    veths: [{host: h, peer: p, mtu: 20}]\n", "mtu 20", 3, Options{}},
 		{"bad loopback", "namespaces:\n  - name: a\n    loopback: sideways\n", `loopback "sideways"`, 2, Options{}},
 		{"route dev unknown", "namespaces:\n  - name: a\n    routes: [{to: default, dev: eth9}]\n", `route dev "eth9"`, 3, Options{}},
