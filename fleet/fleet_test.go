@@ -250,7 +250,7 @@ func TestConflictNothingHalfMade(t *testing.T) {
 	}
 	// The peer-name collision inside the namespace, provoked at the
 	// kernel level: the pair is refused whole.
-	_, err = netns.Create(func(in *netns.NS) error {
+	dupNS, err := netns.Create(func(in *netns.NS) error {
 		if err := c.AddVeth(rtnl.VethPair{Host: p + "c1", Peer: "dup", PeerNsFd: in.Fd()}); err != nil {
 			return err
 		}
@@ -266,6 +266,7 @@ func TestConflictNothingHalfMade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dupNS.Close()
 	if _, err := c.LinkByName(p + "c2"); err == nil {
 		t.Fatal("half-made pair: host end c2 exists")
 	}
@@ -367,6 +368,10 @@ func TestDownTimeoutReportsPending(t *testing.T) {
 	}
 	if len(r.Pending) != 1 || !strings.Contains(r.Pending[0], p+"bar-2") {
 		t.Fatalf("pending = %v", r.Pending)
+	}
+	// It names what holds it: this test, by an open file.
+	if want := fmt.Sprintf("pid %d (", os.Getpid()); !strings.Contains(r.Pending[0], want) || !strings.Contains(r.Pending[0], "has it open") {
+		t.Errorf("pending %q does not say that pid %d has it open", r.Pending[0], os.Getpid())
 	}
 	held.Close()
 	nstest.WaitHostLinksGone(t, p, 10*time.Second)
