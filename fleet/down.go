@@ -296,7 +296,7 @@ func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration,
 		}
 		sort.Ints(idx)
 		for _, i := range idx {
-			veths = append(veths, hostVeth{index: i, name: tg.veths[i], owner: tg.name})
+			veths = append(veths, hostVeth{index: i, name: tg.veths[i], owner: tg.name, inode: tg.inode})
 		}
 	}
 	rep.HostVeths = len(veths)
@@ -368,11 +368,20 @@ func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration,
 	rep.LinksGone = pr.at
 	switch {
 	case pr.err != nil:
+		inodes := map[uint64]bool{}
+		for _, v := range pr.left {
+			inodes[v.inode] = true
+		}
+		holders := netns.Holders(inodes)
 		seen := map[string]bool{}
 		for _, v := range pr.left {
 			if !seen[v.owner] {
 				seen[v.owner] = true
-				rep.Pending = append(rep.Pending, fmt.Sprintf("%s (host veth %s still present: a process or mount still holds the namespace)", v.owner, v.name))
+				why := "a process or mount still holds the namespace"
+				if h := holders[v.inode]; len(h) > 0 {
+					why = "the namespace is held: " + strings.Join(h, ", ")
+				}
+				rep.Pending = append(rep.Pending, fmt.Sprintf("%s (host veth %s still present: %s)", v.owner, v.name, why))
 			}
 		}
 		if len(rep.Pending) == 0 {
@@ -443,6 +452,7 @@ type hostVeth struct {
 	index int
 	name  string
 	owner string // the namespace it is paired into
+	inode uint64 // the owner's
 }
 
 // present reports whether v is still there: a link of its name with its

@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -20,7 +21,7 @@ func TestParseMountInfo(t *testing.T) {
 	if len(ms) != 5 {
 		t.Fatalf("%d mounts", len(ms))
 	}
-	if m := ms[2]; m.FSType != "nsfs" || m.MountPoint != "/run/netns/bar-1" || nsfsInode(m.Root) != 4026532281 || m.Shared() != 6 {
+	if m := ms[2]; m.FSType != "nsfs" || m.MountPoint != "/run/netns/bar-1" || func() uint64 { i, _ := ParseNsLink(m.Root); return i }() != 4026532281 || m.Shared() != 6 {
 		t.Fatalf("%+v", m)
 	}
 	if m := ms[3]; m.MountPoint != "/run/netns/with space" || m.Propagation() != "slave" || m.Master() != 3 {
@@ -59,7 +60,19 @@ func FuzzParseMountInfo(f *testing.F) {
 		}
 		for _, m := range ms {
 			_ = m.Propagation()
-			_ = nsfsInode(m.Root)
+			_, _ = ParseNsLink(m.Root)
+		}
+	})
+}
+
+func FuzzParseNsLink(f *testing.F) {
+	for _, s := range []string{"net:[4026532008]", "net:[]", "mnt:[1]", "net:[+1]", "net:[18446744073709551616]", "net:[012]", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ino, ok := ParseNsLink(s)
+		if ok && s != fmt.Sprintf("net:[%d]", ino) {
+			t.Fatalf("%q read as %d", s, ino)
 		}
 	})
 }

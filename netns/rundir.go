@@ -455,7 +455,7 @@ func (d *RunDir) List() ([]PinInfo, error) {
 		s.n++
 		s.inode = 0
 		if m.FSType == "nsfs" {
-			s.inode = nsfsInode(m.Root)
+			s.inode, _ = ParseNsLink(m.Root)
 		}
 	})
 	if err != nil {
@@ -482,22 +482,6 @@ func (d *RunDir) List() ([]PinInfo, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
-}
-
-// nsfsInode parses the root field of an nsfs mount, "net:[4026532281]".
-func nsfsInode(root string) uint64 {
-	i := strings.IndexByte(root, '[')
-	if !strings.HasPrefix(root, "net:[") || i < 0 || !strings.HasSuffix(root, "]") {
-		return 0
-	}
-	var n uint64
-	for _, c := range root[i+1 : len(root)-1] {
-		if c < '0' || c > '9' {
-			return 0
-		}
-		n = n*10 + uint64(c-'0')
-	}
-	return n
 }
 
 func checkName(name string) error {
