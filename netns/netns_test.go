@@ -2,7 +2,10 @@ package netns_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -242,5 +245,43 @@ func TestOpenRunDirRefusesSymlink(t *testing.T) {
 	os.WriteFile(dir+"/file", nil, 0o644)
 	if _, err := netns.OpenRunDir(dir+"/file", false); err == nil {
 		t.Fatal("accepted a file as run dir")
+	}
+}
+
+// Holders names each way a namespace is held: a process inside, a process
+// that has it open, a mount.
+func TestHolders(t *testing.T) {
+	nstest.RequireRoot(t)
+	rd := nstest.RunDir(t)
+	if _, err := rd.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := netns.Create(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := rd.Pin("held", h); err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Unpin("held")
+	var sleeper *exec.Cmd
+	err = netns.Do(h, func() error {
+		sleeper = exec.Command("sleep", "60")
+		return sleeper.Start()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleeper.Process.Kill(); sleeper.Wait() }()
+	got := strings.Join(netns.Holders(map[uint64]bool{h.Inode(): true})[h.Inode()], "; ")
+	for _, want := range []string{
+		fmt.Sprintf("pid %d (sleep) is inside", sleeper.Process.Pid),
+		fmt.Sprintf("pid %d (", os.Getpid()), // has it open
+		"mounted at " + rd.PinPath("held"),
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("holders %q do not say %q", got, want)
+		}
 	}
 }
