@@ -147,11 +147,16 @@ func (d *Devices) Index(name string) (int, bool, error) {
 	if d.Sysfs() && sysfsName(name) {
 		return d.sysfsInt(name, "ifindex")
 	}
+	return indexByIoctl(d.fd, name)
+}
+
+// indexByIoctl asks fd's namespace for the index of the link called name.
+func indexByIoctl(fd int, name string) (int, bool, error) {
 	ifr, err := unix.NewIfreq(name)
 	if err != nil {
 		return 0, false, fmt.Errorf("link %q: %w", name, err)
 	}
-	if err := unix.IoctlIfreq(d.fd, unix.SIOCGIFINDEX, ifr); err != nil {
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFINDEX, ifr); err != nil {
 		if errors.Is(err, unix.ENODEV) {
 			return 0, false, nil
 		}
@@ -180,32 +185,40 @@ func (d *Devices) ByName(name string) (Link, bool, error) {
 		l.Up = flags&unix.IFF_UP != 0
 		return l, true, nil
 	}
-	ifr, err := unix.NewIfreq(name)
+	l := Link{Name: name, PeerIndex: -1, PeerNsID: -1}
+	var ok bool
+	var err error
+	if l.Index, ok, err = indexByIoctl(d.fd, name); err != nil || !ok {
+		return Link{}, false, err
+	}
+	if ok, err := stateByIoctl(d.fd, &l); err != nil || !ok {
+		return Link{}, false, err // !ok: gone in between
+	}
+	return l, true, nil
+}
+
+// stateByIoctl fills in l.Up and l.MTU for the link called l.Name in fd's
+// namespace; false if there is no such link.
+func stateByIoctl(fd int, l *Link) (bool, error) {
+	ifr, err := unix.NewIfreq(l.Name)
 	if err != nil {
-		return Link{}, false, fmt.Errorf("link %q: %w", name, err)
+		return false, fmt.Errorf("link %q: %w", l.Name, err)
 	}
-	if err := unix.IoctlIfreq(d.fd, unix.SIOCGIFINDEX, ifr); err != nil {
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
 		if errors.Is(err, unix.ENODEV) {
-			return Link{}, false, nil
+			return false, nil
 		}
-		return Link{}, false, fmt.Errorf("link %s: %w", name, err)
-	}
-	l := Link{Name: name, Index: int(ifr.Uint32()), PeerIndex: -1, PeerNsID: -1}
-	if err := unix.IoctlIfreq(d.fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		if errors.Is(err, unix.ENODEV) {
-			return Link{}, false, nil // gone in between
-		}
-		return Link{}, false, fmt.Errorf("link %s: flags: %w", name, err)
+		return false, fmt.Errorf("link %s: flags: %w", l.Name, err)
 	}
 	l.Up = ifr.Uint16()&unix.IFF_UP != 0
-	if err := unix.IoctlIfreq(d.fd, unix.SIOCGIFMTU, ifr); err != nil {
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFMTU, ifr); err != nil {
 		if errors.Is(err, unix.ENODEV) {
-			return Link{}, false, nil
+			return false, nil
 		}
-		return Link{}, false, fmt.Errorf("link %s: mtu: %w", name, err)
+		return false, fmt.Errorf("link %s: mtu: %w", l.Name, err)
 	}
 	l.MTU = int(ifr.Uint32())
-	return l, true, nil
+	return true, nil
 }
 
 // NameOf returns the name of the link with ifindex index, and false if

@@ -2,6 +2,7 @@ package rtnl
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -153,7 +154,7 @@ func (c *Conn) survey(confs []NetconfKey) (Reading, error) {
 			r.Links = append(r.Links, got[i]...)
 		}
 	}
-	sortLinks(r.Links)
+	slices.SortFunc(r.Links, func(a, b Link) int { return cmp.Compare(a.Index, b.Index) })
 	return r, nil
 }
 
@@ -215,15 +216,6 @@ func nameOf(fd, index int) (string, bool, error) {
 	return ifr.Name(), true, nil
 }
 
-// sortLinks orders links by index (few: insertion sort).
-func sortLinks(ls []Link) {
-	for i := 1; i < len(ls); i++ {
-		for j := i; j > 0 && ls[j].Index < ls[j-1].Index; j-- {
-			ls[j], ls[j-1] = ls[j-1], ls[j]
-		}
-	}
-}
-
 // vethByIoctl asks about the link called name through fd's namespace: if
 // it is a veth (veth true), its name, state, MTU and peer's index; ok
 // false if there is no such link.
@@ -247,24 +239,9 @@ func vethByIoctl(fd int, name string) (l Link, veth, ok bool, err error) {
 		return Link{}, false, ok, err
 	}
 	l.PeerIndex = peer
-	ifr, err := unix.NewIfreq(name)
-	if err != nil {
+	if ok, err := stateByIoctl(fd, &l); err != nil || !ok {
 		return Link{}, false, false, err
 	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		if errors.Is(err, unix.ENODEV) {
-			return Link{}, false, false, nil
-		}
-		return Link{}, false, false, fmt.Errorf("flags: %w", err)
-	}
-	l.Up = ifr.Uint16()&unix.IFF_UP != 0
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFMTU, ifr); err != nil {
-		if errors.Is(err, unix.ENODEV) {
-			return Link{}, false, false, nil
-		}
-		return Link{}, false, false, fmt.Errorf("mtu: %w", err)
-	}
-	l.MTU = int(ifr.Uint32())
 	return l, true, true, nil
 }
 
@@ -400,15 +377,5 @@ func ethtoolIoctl(fd int, name string, data unsafe.Pointer) error {
 // namespace an id for a veth's peer's nor, on the host, scans the host's
 // ids for it.
 func (c *Conn) Index(name string) (int, bool, error) {
-	ifr, err := unix.NewIfreq(name)
-	if err != nil {
-		return 0, false, fmt.Errorf("link %q: %w", name, err)
-	}
-	if err := unix.IoctlIfreq(c.raw.fd, unix.SIOCGIFINDEX, ifr); err != nil {
-		if errors.Is(err, unix.ENODEV) {
-			return 0, false, nil
-		}
-		return 0, false, fmt.Errorf("link %s: %w", name, err)
-	}
-	return int(ifr.Uint32()), true, nil
+	return indexByIoctl(c.raw.fd, name)
 }
