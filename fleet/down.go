@@ -89,6 +89,7 @@ type teardown struct {
 	rd    *netns.RunDir
 	t     *tally
 	host  *rtnl.Conn
+	snap  *snapshot
 	stale atomic.Int64
 
 	progMu sync.Mutex
@@ -135,8 +136,16 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 		return DownReport{}, fmt.Errorf("down: %w", err)
 	}
 	defer host.Close()
-	td := &teardown{ctx: ctx, opts: opts, rd: rd, host: host, t: newTally(len(pins), opts.Mark, opts.OnResult)}
-	targets, err := td.check(pins, table)
+	// One look at the host for the whole teardown: check names the host
+	// ends with it, the wait polls them and the sentinels through it.
+	snap, err := hostSnapshot(nil)
+	if err != nil {
+		return DownReport{}, fmt.Errorf("down: %w", err)
+	}
+	defer snap.close()
+	snap.links = <-table
+	td := &teardown{ctx: ctx, opts: opts, rd: rd, host: host, snap: snap, t: newTally(len(pins), opts.Mark, opts.OnResult)}
+	targets, err := td.check(pins)
 	if err != nil {
 		return DownReport{}, fmt.Errorf("down: %w", err)
 	}
@@ -176,18 +185,13 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 // that hold no namespace, makes sure the others are nsfleet's (unless
 // Adopt), notes their host veths and stops their processes. It returns the
 // namespaces to unpin.
-func (td *teardown) check(pins []netns.PinInfo, table <-chan *rtnl.LinkTable) ([]*target, error) {
+func (td *teardown) check(pins []netns.PinInfo) ([]*target, error) {
 	// No dump of the host's links over rtnetlink here: the kernel fills in
 	// each host veth's peer namespace id by a scan over every id the host
 	// has, so one dump costs veths x namespaces (1.5 s of CPU at 10,000
 	// routers, four times that at twice the size). Each namespace tells
 	// its veths' peer indexes; the host's names come from ethtool's dump.
-	snap, err := hostSnapshot(nil)
-	if err != nil {
-		return nil, err
-	}
-	defer snap.close()
-	snap.links = <-table
+	snap := td.snap
 	targets := make([]*target, len(pins))
 	// The checks mostly wait in the kernel: more workers than CPUs help
 	// (5,000 routers: pins gone at 0.98 s with 2, 0.77 s with 4 or 8).
@@ -342,13 +346,8 @@ func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration,
 	}
 	td.progress("wait", 0, len(veths))
 	pc := make(chan polled, 1)
+	dev := td.snap.dev
 	go func() {
-		dev, err := rtnl.OpenDevices()
-		if err != nil {
-			pc <- polled{left: veths, err: err}
-			return
-		}
-		defer dev.Close()
 		prev := len(veths)
 		left, err := waitLinksGone(wctx, dev, veths, func(n int) {
 			if n < prev {
@@ -362,7 +361,7 @@ func (td *teardown) wait(live []*target, sents []*sentinel, stall time.Duration,
 		}
 		pc <- polled{left, err, time.Since(td.t.start)}
 	}()
-	berr := freeBarrier(wctx, sents)
+	berr := freeBarrier(wctx, dev, sents)
 	freedAt := time.Since(td.t.start)
 	pr := <-pc
 	rep.LinksGone = pr.at
@@ -554,12 +553,7 @@ func (s *sentinel) release() { s.ns.Close() }
 // gone, every earlier batch is complete and the current one has unregistered
 // its devices. The second, released after that, proves the first one's batch
 // (which may hold ours) ran to the end.
-func freeBarrier(ctx context.Context, sents []*sentinel) error {
-	dev, err := rtnl.OpenDevices()
-	if err != nil {
-		return err
-	}
-	defer dev.Close()
+func freeBarrier(ctx context.Context, dev *rtnl.Devices, sents []*sentinel) error {
 	for _, s := range sents {
 		s.release()
 		if err := s.waitGone(ctx, dev); err != nil {

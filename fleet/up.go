@@ -147,7 +147,12 @@ func waitFreed(ctx context.Context, timeout time.Duration) error {
 		defer s.release()
 		sents = append(sents, s)
 	}
-	return freeBarrier(ctx, sents)
+	dev, err := rtnl.OpenDevices()
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	return freeBarrier(ctx, dev, sents)
 }
 
 // snapshot is what every worker needs of the host side: a Devices to ask
