@@ -83,19 +83,24 @@ type NodeStatus struct {
 	// AssignRev is the mod revision of the node's assignment key that the
 	// node has converged to: everything in it present, everything
 	// released torn down.
-	AssignRev int64     `json:"assign_rev"`
-	SpecRev   int64     `json:"spec_rev"`
-	Assigned  int       `json:"assigned"`
-	Ready     int       `json:"ready"`
-	Failed    int       `json:"failed"`
-	Errors    []string  `json:"errors,omitempty"` // the first few failures
-	Fenced    bool      `json:"fenced"`
-	Refused   string    `json:"refused,omitempty"` // why the spec is not served
-	Updated   time.Time `json:"updated"`
+	AssignRev int64 `json:"assign_rev"`
+	// SpecRev is the mod revision of the stored spec that the node's
+	// kernel matches: every namespace assigned to it made to match the
+	// spec as stored at that revision. Set with AssignRev, only when the
+	// node has converged.
+	SpecRev  int64     `json:"spec_rev"`
+	Assigned int       `json:"assigned"`
+	Ready    int       `json:"ready"`
+	Failed   int       `json:"failed"`
+	Errors   []string  `json:"errors,omitempty"` // the first few failures
+	Fenced   bool      `json:"fenced"`
+	Refused  string    `json:"refused,omitempty"` // why the spec is not served
+	Updated  time.Time `json:"updated"`
 }
 
 // Converged reports whether the node has done what its assignment at
-// revision rev asks.
+// revision rev asks (what the scheduler waits for before it moves a
+// namespace; cluster status also compares SpecRev).
 func (s NodeStatus) Converged(rev int64) bool {
 	return s.AssignRev >= rev && !s.Fenced
 }

@@ -28,6 +28,23 @@ type Snapshot struct {
 	AssignGenRev int64
 	Failovers    []Failover
 	FailoverRevs []int64 // the key revision of each failover record
+	// Bad holds the keys whose value does not decode, and why; they are
+	// left out of the maps above (Spec and Assign keep no value for
+	// them). Readers decide: an agent keeps what it had, the scheduler
+	// writes nothing while an assignment is unreadable.
+	Bad map[string]error
+}
+
+// Unreadable names the keys the scheduler must be able to read (the spec
+// and every assignment) that do not decode; nil when there are none.
+func (s *Snapshot) Unreadable() error {
+	var errs []error
+	for _, k := range sortedKeys(s.Bad) {
+		if k == KeySpec || strings.HasPrefix(k, AssignPrefix) {
+			errs = append(errs, fmt.Errorf("etcd key %s does not decode: %w", k, s.Bad[k]))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Read takes a Snapshot with one range read.
@@ -39,6 +56,7 @@ func Read(ctx context.Context, cli *clientv3.Client) (*Snapshot, error) {
 	s := &Snapshot{
 		Rev: resp.Header.Revision, Nodes: map[string]NodeInfo{}, Status: map[string]NodeStatus{},
 		Cordons: map[string]Cordon{}, Assign: map[string]Assignment{}, AssignRev: map[string]int64{},
+		Bad: map[string]error{},
 	}
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
@@ -49,39 +67,44 @@ func Read(ctx context.Context, cli *clientv3.Client) (*Snapshot, error) {
 				return nil, fmt.Errorf("etcd holds nsfleet key layout %q; this nsfleet reads %q", v, SchemaVersion)
 			}
 		case k == KeySpec:
-			s.Spec, s.SpecRev = &SpecDoc{}, kv.ModRevision
-			err = json.Unmarshal(kv.Value, s.Spec)
+			var v SpecDoc
+			if err = json.Unmarshal(kv.Value, &v); err == nil {
+				s.Spec = &v
+			}
+			s.SpecRev = kv.ModRevision
 		case k == KeyAssignGen:
 			s.AssignGenRev = kv.ModRevision
 		case strings.HasPrefix(k, NodesPrefix):
 			var v NodeInfo
-			err = json.Unmarshal(kv.Value, &v)
-			s.Nodes[NodeOf(k, NodesPrefix)] = v
+			if err = json.Unmarshal(kv.Value, &v); err == nil {
+				s.Nodes[NodeOf(k, NodesPrefix)] = v
+			}
 		case strings.HasPrefix(k, StatusPrefix):
 			var v NodeStatus
-			err = json.Unmarshal(kv.Value, &v)
-			s.Status[NodeOf(k, StatusPrefix)] = v
+			if err = json.Unmarshal(kv.Value, &v); err == nil {
+				s.Status[NodeOf(k, StatusPrefix)] = v
+			}
 		case strings.HasPrefix(k, CordonPrefix):
 			var v Cordon
-			err = json.Unmarshal(kv.Value, &v)
-			s.Cordons[NodeOf(k, CordonPrefix)] = v
+			if err = json.Unmarshal(kv.Value, &v); err == nil {
+				s.Cordons[NodeOf(k, CordonPrefix)] = v
+			}
 		case strings.HasPrefix(k, AssignPrefix):
 			var v Assignment
-			err = json.Unmarshal(kv.Value, &v)
-			s.Assign[NodeOf(k, AssignPrefix)] = v
+			if err = json.Unmarshal(kv.Value, &v); err == nil {
+				s.Assign[NodeOf(k, AssignPrefix)] = v
+			}
 			s.AssignRev[NodeOf(k, AssignPrefix)] = kv.ModRevision
 		case strings.HasPrefix(k, FailoverPrefix):
 			var v Failover
-			err = json.Unmarshal(kv.Value, &v)
-			s.Failovers = append(s.Failovers, v)
 			rev, perr := strconv.ParseInt(NodeOf(k, FailoverPrefix), 10, 64)
-			if perr != nil {
-				err = perr
+			if err = errors.Join(json.Unmarshal(kv.Value, &v), perr); err == nil {
+				s.Failovers = append(s.Failovers, v)
+				s.FailoverRevs = append(s.FailoverRevs, rev)
 			}
-			s.FailoverRevs = append(s.FailoverRevs, rev)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("etcd key %s: %w", k, err)
+			s.Bad[k] = err
 		}
 	}
 	return s, nil
@@ -224,6 +247,8 @@ type Report struct {
 	Scheduler  string       `json:"scheduler,omitempty"`
 	Nodes      []NodeReport `json:"nodes"`
 	Failovers  []Failover   `json:"failovers"`
+	// Unreadable: keys whose value does not decode, and why.
+	Unreadable []string `json:"unreadable,omitempty"`
 }
 
 // Status reads the cluster into a Report.
@@ -235,6 +260,9 @@ func Status(ctx context.Context, cli *clientv3.Client) (*Report, error) {
 	r := &Report{Revision: s.Rev, SpecRev: s.SpecRev, Nodes: []NodeReport{}, Failovers: s.Failovers}
 	if r.Failovers == nil {
 		r.Failovers = []Failover{}
+	}
+	for _, k := range sortedKeys(s.Bad) {
+		r.Unreadable = append(r.Unreadable, k+": "+s.Bad[k].Error())
 	}
 	if s.Spec != nil {
 		r.Spec, r.SpecCount = s.Spec.Source, s.Spec.Count
@@ -260,7 +288,7 @@ func Status(ctx context.Context, cli *clientv3.Client) (*Report, error) {
 		nr := NodeReport{
 			Name: n, Alive: alive, LeaseTTL: -1, Capacity: info.Capacity, AllowProcesses: info.AllowProcesses,
 			Cordoned: cord, Assigned: len(a.Names), Releasing: len(a.Releasing), Ready: st.Ready, Failed: st.Failed,
-			Converged: alive && st.Converged(s.AssignRev[n]), Fenced: st.Fenced, Refused: st.Refused, Errors: st.Errors,
+			Converged: alive && st.Converged(s.AssignRev[n]) && st.SpecRev >= s.SpecRev, Fenced: st.Fenced, Refused: st.Refused, Errors: st.Errors,
 			Scheduler: r.Scheduler == n,
 		}
 		if alive && info.LeaseID != 0 {

@@ -59,6 +59,11 @@ func (sc *scheduler) lead(ctx context.Context, lease clientv3.LeaseID) error {
 		rctx, rcancel := context.WithTimeout(wctx, sc.timeout)
 		snap, err := Read(rctx, sc.cli)
 		rcancel()
+		if err == nil {
+			// An assignment it cannot read would look empty: placing its
+			// namespaces elsewhere would serve them twice.
+			err = snap.Unreadable()
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -76,17 +81,7 @@ func (sc *scheduler) lead(ctx context.Context, lease clientv3.LeaseID) error {
 		}
 		if from == 0 {
 			from = snap.Rev + 1
-			go func() {
-				for resp := range sc.cli.Watch(wctx, Prefix, clientv3.WithPrefix(), clientv3.WithRev(from)) {
-					if resp.Err() != nil {
-						continue
-					}
-					select {
-					case kick <- struct{}{}:
-					default:
-					}
-				}
-			}()
+			go sc.follow(wctx, from, kick)
 		}
 		rctx, rcancel = context.WithTimeout(wctx, sc.timeout)
 		err = sc.round(rctx, snap, leaderKey, leaderRev)
@@ -106,6 +101,34 @@ func (sc *scheduler) lead(ctx context.Context, lease clientv3.LeaseID) error {
 		case <-ctx.Done():
 			return nil
 		}
+	}
+}
+
+// follow kicks the scheduler on every change under Prefix from revision
+// from on. When the watch ends (etcd compacted past it, or lost its
+// leader) it watches again from the current revision and kicks once, so
+// that the scheduler reads everything afresh.
+func (sc *scheduler) follow(ctx context.Context, from int64, kick chan<- struct{}) {
+	signal := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithRev(from)}
+	for ctx.Err() == nil {
+		for resp := range sc.cli.Watch(clientv3.WithRequireLeader(ctx), Prefix, opts...) {
+			if resp.Err() == nil {
+				signal()
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		sc.log.Debug("scheduler: watch ended; watching again")
+		opts = []clientv3.OpOption{clientv3.WithPrefix()}
+		signal()
+		sleep(ctx, 200*time.Millisecond)
 	}
 }
 

@@ -138,7 +138,7 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 	defer host.Close()
 	// One look at the host for the whole teardown: check names the host
 	// ends with it, the wait polls them and the sentinels through it.
-	snap, err := hostSnapshot(nil)
+	snap, err := hostSnapshot(nil, nil)
 	if err != nil {
 		return DownReport{}, fmt.Errorf("down: %w", err)
 	}

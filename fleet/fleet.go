@@ -24,6 +24,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/proc"
+	"github.com/nsfleet/nsfleet/spec"
 )
 
 // DefaultWorkers is used when Options.Workers is 0. Namespace creation is
@@ -61,6 +62,11 @@ type Options struct {
 	// OnResult, if set, is called once per namespace as it is finished,
 	// from one goroutine at a time.
 	OnResult func(Result)
+	// Previous, if set, says what a namespace was last made to match
+	// (nil: unknown). Up then also takes away what that spec asked and
+	// the new one does not (see Prune): the cluster's agent knows it; a
+	// one-node `up` does not, and only adds and repairs.
+	Previous func(name string) *spec.Namespace
 	// OnStatus, if set, makes List hand each status over in order, from
 	// one goroutine at a time, as soon as it and all before it are read,
 	// and keep none: memory stays flat however large the fleet (List
@@ -92,6 +98,13 @@ func (o Options) withDefaults() Options {
 }
 
 func (o *Options) store() *proc.Store { return o.Store }
+
+func (o *Options) previous(name string) *spec.Namespace {
+	if o.Previous == nil {
+		return nil
+	}
+	return o.Previous(name)
+}
 
 func (o *Options) grace() time.Duration {
 	if o.Grace <= 0 {

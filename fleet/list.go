@@ -108,7 +108,7 @@ func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Sta
 	}
 	// No rtnetlink dump of the host's links: see rtnl.Devices and
 	// rtnl.LinkTable.
-	snap, err := hostSnapshot(f)
+	snap, err := hostSnapshot(f, nil)
 	if err != nil {
 		return nil, fmt.Errorf("ls: %w", err)
 	}
@@ -321,7 +321,7 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 			}
 			return err
 		}
-		if err := observe(in, pfs, want, &obs); err != nil {
+		if err := observe(in, pfs, want, nil, &obs); err != nil {
 			return err
 		}
 		fixes, err = Diff(want, &obs, false)

@@ -107,6 +107,11 @@ const (
 	FixSysctl                     // write a sysctl
 	FixRoute                      // add or replace a route
 	FixHostIPv6                   // turn IPv6 off on a host end
+	// What the previous spec asked and the new one does not (Prune).
+	FixDropVeth     // delete a veth (its end inside: Index)
+	FixDropHostAddr // delete an address from a host end (Index)
+	FixDropPeerAddr // delete an address from a peer end (Index)
+	FixDropRoute    // delete a route (Old; Index: its device, if named)
 )
 
 // Fix is one step that brings a namespace to its spec.
@@ -117,6 +122,8 @@ type Fix struct {
 	Key    string // sysctl key
 	Route  int    // index into Namespace.Routes
 	Delete []DeleteLink
+	Index  int        // the link a Drop fix acts on
+	Old    spec.Route // the route FixDropRoute deletes
 	Reason string
 }
 

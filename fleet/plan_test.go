@@ -3,6 +3,7 @@ package fleet
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -185,5 +186,50 @@ func TestEmitterInOrder(t *testing.T) {
 	}
 	if e.result() != nil || out[0].Name != "" {
 		t.Fatal("statuses kept after they were handed over")
+	}
+}
+
+func TestPrune(t *testing.T) {
+	pfx := netip.MustParsePrefix
+	// prev had a second veth, a host address, another peer address and a
+	// route that the new spec (wantNS) does not ask for.
+	prev := wantNS()
+	prev.Veths[0].PeerAddrs = append(prev.Veths[0].PeerAddrs, pfx("10.9.9.9/32"))
+	prev.Veths[0].HostAddrs = []netip.Prefix{pfx("10.0.0.1/30")}
+	prev.Veths = append(prev.Veths, spec.Veth{Host: "qgo-1", Peer: "qgi-1"})
+	old := spec.Route{To: pfx("198.51.100.0/24"), Via: netip.MustParseAddr("10.0.0.1")}
+	prev.Routes = append(prev.Routes, old)
+
+	got := matching()
+	got.Links = append(got.Links, rtnl.Link{Index: 3, Name: "qgi-1", Type: "veth", PeerIndex: 51, PeerNsID: -1})
+	got.Addrs[2] = append(got.Addrs[2], pfx("10.9.9.9/32"), pfx("10.7.7.7/32")) // the last: someone else's
+	got.HostAddrs = map[int][]netip.Prefix{50: {pfx("10.0.0.1/30")}}
+	got.Routes = append(got.Routes, rtnl.Route{To: old.To, Via: old.Via, Index: 2},
+		rtnl.Route{To: pfx("203.0.113.0/24"), Via: old.Via, Index: 2}) // a daemon's
+
+	fs := Prune(prev, wantNS(), got)
+	want := []FixKind{FixDropPeerAddr, FixDropHostAddr, FixDropVeth, FixDropRoute}
+	if g := kinds(fs); !slices.Equal(g, want) {
+		t.Fatalf("Prune = %v (%v), want kinds %v", g, fs, want)
+	}
+	if fs[2].Index != 3 || fs[0].Addr != pfx("10.9.9.9/32") || fs[0].Index != 2 || fs[1].Index != 50 || fs[3].Old != old {
+		t.Errorf("Prune acts on the wrong objects: %+v", fs)
+	}
+	// Already gone from the kernel: nothing to do.
+	if fs := Prune(prev, wantNS(), matching()); len(fs) != 0 {
+		t.Errorf("nothing left to remove, Prune = %v", fs)
+	}
+	// No previous spec (a one-node up): nothing is removed.
+	if fs := Prune(nil, wantNS(), got); len(fs) != 0 {
+		t.Errorf("without a previous spec, Prune = %v", fs)
+	}
+	// A veth renamed inside keeps the new pair's name: the new spec's
+	// peer qgi-1 is not deleted as the dropped pair's.
+	renamed := wantNS()
+	renamed.Veths = append(renamed.Veths, spec.Veth{Host: "qgx-1", Peer: "qgi-1"})
+	for _, f := range Prune(prev, renamed, got) {
+		if f.Kind == FixDropVeth {
+			t.Errorf("dropped a name the new spec uses: %v", f)
+		}
 	}
 }

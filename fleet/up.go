@@ -39,7 +39,7 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 	if err != nil {
 		return Summary{}, fmt.Errorf("up: %w", err)
 	}
-	snap, err := hostSnapshot(f)
+	snap, err := hostSnapshot(f, opts.Previous)
 	if err != nil {
 		return Summary{}, fmt.Errorf("up: %w", err)
 	}
@@ -55,7 +55,7 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 			log.Debug("wait for freeing", "err", err)
 		}
 		snap.close()
-		if snap, err = hostSnapshot(f); err != nil {
+		if snap, err = hostSnapshot(f, opts.Previous); err != nil {
 			return Summary{}, fmt.Errorf("up: %w", err)
 		}
 	}
@@ -232,13 +232,13 @@ func (s *snapshot) setHostIPv6Off(name string) error {
 
 // hostSnapshot reads what f needs of the host. It does not dump the
 // host's links: see rtnl.Devices.
-func hostSnapshot(f *spec.Fleet) (*snapshot, error) {
+func hostSnapshot(f *spec.Fleet, prev func(string) *spec.Namespace) (*snapshot, error) {
 	s := &snapshot{}
 	var err error
 	if s.dev, err = rtnl.OpenDevices(); err != nil {
 		return nil, err
 	}
-	if hostAddrsNeeded(f) {
+	if hostAddrsNeeded(f, prev) {
 		c, err := rtnl.Open()
 		if err != nil {
 			s.close()
@@ -254,13 +254,24 @@ func hostSnapshot(f *spec.Fleet) (*snapshot, error) {
 	return s, nil
 }
 
-func hostAddrsNeeded(f *spec.Fleet) bool {
+func hostAddrsNeeded(f *spec.Fleet, prev func(string) *spec.Namespace) bool {
 	if f == nil {
 		return false
 	}
-	for i := range f.Namespaces {
-		for _, v := range f.Namespaces[i].Veths {
+	has := func(ns *spec.Namespace) bool {
+		for _, v := range ns.Veths {
 			if len(v.HostAddrs) > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range f.Namespaces {
+		if has(&f.Namespaces[i]) {
+			return true
+		}
+		if prev != nil {
+			if p := prev(f.Namespaces[i].Name); p != nil && has(p) {
 				return true
 			}
 		}
@@ -438,37 +449,62 @@ func (w *worker) hostNameTaken(v spec.Veth) *Conflict {
 	return &Conflict{Reason: fmt.Sprintf("veth %s/%s: host interface %s already exists%s and is not this new namespace's", v.Host, v.Peer, v.Host, kind)}
 }
 
-// startProcesses starts the namespace's processes that are not running.
-// It returns what it started.
-func (w *worker) startProcesses(h *netns.NS, ns *spec.Namespace) ([]string, error) {
-	var started []string
+// startProcesses starts the namespace's processes that are not running,
+// restarts those started from another spec, and stops those that prev had
+// and ns no longer has. It returns what it did.
+func (w *worker) startProcesses(h *netns.NS, ns, prev *spec.Namespace) ([]string, error) {
+	var did []string
 	store := w.opts.store()
+	if prev != nil {
+		for _, p := range prev.Processes {
+			if slices.ContainsFunc(ns.Processes, func(q spec.Process) bool { return q.Name == p.Name }) {
+				continue
+			}
+			if w.opts.DryRun {
+				did = append(did, "stop process "+p.Name)
+				continue
+			}
+			if err := store.Remove(ns.Name, p.Name, w.opts.grace()); err != nil {
+				return did, fmt.Errorf("process %s: %w", p.Name, err)
+			}
+			did = append(did, "stopped process "+p.Name+" (no longer in the spec)")
+		}
+	}
 	for _, p := range ns.Processes {
 		rec, err := store.Load(ns.Name, p.Name)
 		if err != nil {
-			return started, err
+			return did, err
 		}
-		if proc.Alive(rec) {
+		changed := proc.Alive(rec) && proc.Changed(rec, p)
+		if proc.Alive(rec) && !changed {
 			continue
 		}
 		if w.opts.DryRun {
-			started = append(started, "start process "+p.Name)
+			did = append(did, "start process "+p.Name)
 			continue
 		}
 		restarts := 0
 		if rec != nil {
 			restarts = rec.Restarts
 		}
+		if changed {
+			// Marked stopped first, so that a supervisor does not start
+			// the old one again.
+			if err := store.Stop(rec, w.opts.grace()); err != nil {
+				return did, fmt.Errorf("process %s: %w", p.Name, err)
+			}
+			did = append(did, "stopped process "+p.Name+" (its spec changed)")
+		}
 		r, cmd, err := store.Launch(h, ns.Name, p, restarts)
 		if err != nil {
-			return started, err
+			return did, err
 		}
 		// up does not wait for its daemons: let go of Go's handle (a
 		// pidfd each) at once, or a large fleet runs out of descriptors.
 		cmd.Process.Release()
-		started = append(started, fmt.Sprintf("started process %s (pid %d)", p.Name, r.PID))
+		did = append(did, fmt.Sprintf("started process %s (pid %d)", p.Name, r.PID))
 	}
-	return started, nil
+	return did, nil
 }
 
 func describeCreate(ns *spec.Namespace) []string {
@@ -542,7 +578,7 @@ func (w *worker) create(ns *spec.Namespace) error {
 	if err != nil {
 		return err
 	}
-	_, err = w.startProcesses(h, ns)
+	_, err = w.startProcesses(h, ns, nil)
 	return err
 }
 
@@ -663,20 +699,25 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 		return res
 	}
 	var fixes []Fix
+	prev := w.opts.previous(ns.Name)
 	open := rtnl.OpenLite
-	if needsFullConn(ns) {
+	if needsFullConn(ns) || prev != nil && needsFullConn(prev) {
 		open = rtnl.Open
 	}
 	err = rtnl.Inside(h, open, func(in *rtnl.Conn) error {
 		var err error
-		if err := observe(in, w.sysctls, ns, &obs); err != nil {
+		if err := observe(in, w.sysctls, ns, prev, &obs); err != nil {
 			return err
 		}
 		if !obs.Owned() && !w.opts.Adopt {
 			return ErrForeign
 		}
-		if fixes, err = Diff(ns, &obs, w.opts.Adopt); err != nil || len(fixes) == 0 || w.opts.DryRun {
+		if fixes, err = Diff(ns, &obs, w.opts.Adopt); err != nil {
 			return err
+		}
+		fixes = append(Prune(prev, ns, &obs), fixes...)
+		if len(fixes) == 0 || w.opts.DryRun {
+			return nil
 		}
 		for _, f := range fixes {
 			if err := w.apply(in, h, ns, &obs, f); err != nil {
@@ -688,9 +729,9 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 	for _, f := range fixes {
 		res.Fixes = append(res.Fixes, f.Reason)
 	}
-	if err == nil && len(ns.Processes) > 0 {
+	if err == nil && (len(ns.Processes) > 0 || prev != nil && len(prev.Processes) > 0) {
 		var started []string
-		started, err = w.startProcesses(h, ns)
+		started, err = w.startProcesses(h, ns, prev)
 		res.Fixes = append(res.Fixes, started...)
 		if len(started) > 0 && len(fixes) == 0 {
 			fixes = append(fixes, Fix{}) // counts as a repair
@@ -715,7 +756,7 @@ func (w *worker) repair(ns *spec.Namespace) Result {
 // links and the sysctls netconf carries (ip_forward, a fake router's one
 // sysctl: see sysctl.Netconf) are read by rtnl.Survey, which gives the
 // namespace no id for the host; other sysctls are read from procfs.
-func observe(in *rtnl.Conn, pfs *sysctl.Procfs, ns *spec.Namespace, obs *Observed) error {
+func observe(in *rtnl.Conn, pfs *sysctl.Procfs, ns, prev *spec.Namespace, obs *Observed) error {
 	var confs []rtnl.NetconfKey
 	for _, s := range ns.Sysctls {
 		if f, ok := sysctl.Netconf(s.Key); ok && !slices.Contains(confs, netconfKey(f)) {
@@ -727,16 +768,12 @@ func observe(in *rtnl.Conn, pfs *sysctl.Procfs, ns *spec.Namespace, obs *Observe
 		return err
 	}
 	obs.Links = r.Links
-	needAddrs := false
-	for _, v := range ns.Veths {
-		needAddrs = needAddrs || len(v.PeerAddrs) > 0
-	}
-	if needAddrs {
+	if needsAddrs(ns, prev) {
 		if obs.Addrs, err = in.Addrs(); err != nil {
 			return err
 		}
 	}
-	if len(ns.Routes) > 0 {
+	if needsRoutes(ns, prev) {
 		if obs.Routes, err = in.Routes(); err != nil {
 			return err
 		}
@@ -832,6 +869,17 @@ func (w *worker) apply(in *rtnl.Conn, h *netns.NS, ns *spec.Namespace, obs *Obse
 		}
 	case FixRoute:
 		return addRoute(in, ns.Routes[f.Route])
+	case FixDropVeth:
+		return in.DeleteLink(f.Index)
+	case FixDropPeerAddr:
+		return in.DeleteAddr(f.Index, f.Addr)
+	case FixDropHostAddr:
+		if err := w.confirm(obs, ns.Veths[f.Veth].Host, f.Index); err != nil {
+			return err
+		}
+		return w.host.DeleteAddr(f.Index, f.Addr)
+	case FixDropRoute:
+		return in.DeleteRoute(rtnl.Route{To: f.Old.To, Via: f.Old.Via, Index: f.Index})
 	}
 	return nil
 }

@@ -1,6 +1,9 @@
 package proc
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"slices"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -45,6 +48,10 @@ type Record struct {
 	Restarts  int       `json:"restarts"`
 	Started   time.Time `json:"started"`
 	Command   []string  `json:"command"`
+	// Spec fingerprints the process's whole spec (command, user,
+	// capabilities, ...) as launched: a record whose fingerprint differs
+	// from the spec's is a process to restart (see Changed).
+	Spec string `json:"spec,omitempty"`
 	// Stopped is set by Stop before it signals the process: a supervisor
 	// never restarts a stopped process (up starts it again).
 	Stopped bool `json:"stopped,omitempty"`
@@ -260,7 +267,8 @@ func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int
 	// Recorded as launching first: if nsfleet dies between the start and
 	// the record, the next Load finds the process by its marker.
 	started := time.Now()
-	if err := s.Save(&Record{Namespace: nsName, Name: p.Name, Restarts: restarts, Started: started, Command: p.Command, Launching: true}); err != nil {
+	fp := Fingerprint(p)
+	if err := s.Save(&Record{Namespace: nsName, Name: p.Name, Restarts: restarts, Started: started, Command: p.Command, Spec: fp, Launching: true}); err != nil {
 		return nil, nil, fmt.Errorf("process %s: record: %w%s", p.Name, err, netns.FullOrReadOnly(s.Dir, err))
 	}
 	env := append(os.Environ(), s.marker(nsName, p.Name))
@@ -282,10 +290,10 @@ func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int
 		return cmd, Start(ns, cmd)
 	})
 	if err != nil {
-		s.Save(&Record{Namespace: nsName, Name: p.Name, Restarts: restarts, Started: started, Command: p.Command})
+		s.Save(&Record{Namespace: nsName, Name: p.Name, Restarts: restarts, Started: started, Command: p.Command, Spec: fp})
 		return nil, nil, fmt.Errorf("process %s: %w", p.Name, err)
 	}
-	r := &Record{Namespace: nsName, Name: p.Name, PID: cmd.Process.Pid, NetNS: ns.Inode(), Restarts: restarts, Started: started, Command: p.Command}
+	r := &Record{Namespace: nsName, Name: p.Name, PID: cmd.Process.Pid, NetNS: ns.Inode(), Restarts: restarts, Started: started, Command: p.Command, Spec: fp}
 	if r.StartTime, _, err = procStart(r.PID); err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
@@ -297,6 +305,38 @@ func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int
 		return nil, nil, fmt.Errorf("process %s: record: %w%s", p.Name, err, netns.FullOrReadOnly(s.Dir, err))
 	}
 	return r, cmd, nil
+}
+
+// Fingerprint names a process's spec: two specs with the same fingerprint
+// start the same process the same way.
+func Fingerprint(p spec.Process) string {
+	h := sha256.Sum256(fmt.Appendf(nil, "%#v", p))
+	return hex.EncodeToString(h[:8])
+}
+
+// Changed reports whether a running process was started from another spec
+// than p. Records from before fingerprints compare their command only.
+func Changed(r *Record, p spec.Process) bool {
+	if r.Spec == "" {
+		return !slices.Equal(r.Command, p.Command)
+	}
+	return r.Spec != Fingerprint(p)
+}
+
+// Remove stops a process that is no longer in the spec and forgets its
+// record (its log stays).
+func (s *Store) Remove(ns, name string, grace time.Duration) error {
+	r, err := s.Load(ns, name)
+	if err != nil || r == nil {
+		return err
+	}
+	if err := s.Stop(r, grace); err != nil {
+		return err
+	}
+	if err := os.Remove(s.recordPath(ns, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // Stop ends a recorded process: the record is marked stopped first (so a

@@ -376,6 +376,19 @@ func (c *Conn) AddAddr(index int, p netip.Prefix) error {
 	return nil
 }
 
+// DeleteAddr removes an address from a link; one that is not there is
+// not an error.
+func (c *Conn) DeleteAddr(index int, p netip.Prefix) error {
+	if err := c.full(); err != nil {
+		return err
+	}
+	err := c.h.AddrDel(byIndex(index), &netlink.Addr{IPNet: ipNet(p)})
+	if err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete address %s on link %d: %w", p, index, err)
+	}
+	return nil
+}
+
 // Addrs returns every address of every link, by ifindex.
 func (c *Conn) Addrs() (map[int][]netip.Prefix, error) {
 	if err := c.full(); err != nil {
@@ -415,6 +428,22 @@ func (c *Conn) ReplaceRoute(r Route) error {
 	}
 	if err := c.h.RouteReplace(nr); err != nil {
 		return fmt.Errorf("route %s via %s: %w", r.To, r.Via, err)
+	}
+	return nil
+}
+
+// DeleteRoute removes a route from the main table; one that is not there
+// is not an error.
+func (c *Conn) DeleteRoute(r Route) error {
+	if err := c.full(); err != nil {
+		return err
+	}
+	nr := &netlink.Route{Dst: ipNet(r.To), LinkIndex: r.Index, Table: unix.RT_TABLE_MAIN}
+	if r.Via.IsValid() {
+		nr.Gw = net.IP(r.Via.AsSlice())
+	}
+	if err := c.h.RouteDel(nr); err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete route %s via %s: %w", r.To, r.Via, err)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"reflect"
 	"sort"
 	"strings"
 
@@ -682,4 +683,16 @@ func (f *Fleet) HasProcesses() bool {
 		}
 	}
 	return false
+}
+
+// Same reports whether two namespaces ask the kernel for the same thing:
+// every field but Origin (a line added above a template moves its
+// namespaces' origins without changing them).
+func (n *Namespace) Same(o *Namespace) bool {
+	if n == nil || o == nil {
+		return n == o
+	}
+	a, b := *n, *o
+	a.Origin, b.Origin = Origin{}, Origin{}
+	return reflect.DeepEqual(a, b)
 }

@@ -170,6 +170,9 @@ func printStatus(w io.Writer, r *cluster.Report) {
 	if r.Scheduler != "" {
 		fmt.Fprintf(w, "scheduler: %s\n", r.Scheduler)
 	}
+	for _, u := range r.Unreadable {
+		fmt.Fprintf(w, "unreadable: %s\n", u)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tLEASE\tCAPACITY\tASSIGNED\tREADY\tSTATE\tPROCESSES")
 	for _, n := range r.Nodes {

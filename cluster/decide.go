@@ -1,0 +1,192 @@
+package cluster
+
+import (
+	"slices"
+
+	"github.com/nsfleet/nsfleet/spec"
+)
+
+// The agent's decisions are one pure function, Decide, of what it observed:
+// what the cluster asks of the node (spec, assignment, lease) and what the
+// node holds (pins, and what each namespace was last made to match). The
+// agent's loop only gathers an Observation, calls Decide, carries out the
+// Decision with the engine of `nsfleet up`, and reports Progress.
+
+// Trigger is why the agent reconciles.
+type Trigger int
+
+const (
+	// OnChange: the spec or the assignment changed. New namespaces, those
+	// whose spec changed and those not ready yet are brought to the spec;
+	// the others are not touched.
+	OnChange Trigger = iota
+	// OnDrift: kernel events named namespaces (Observation.Drifted), or
+	// all of them; those are checked against the kernel, with the
+	// OnChange ones.
+	OnDrift
+	// OnResync: every assigned namespace is checked against the kernel
+	// (the periodic full check, joining, the lease renewed after a fence).
+	OnResync
+	// OnWithdraw: the node is not (or no longer) a member: only what is
+	// not assigned here is torn down; nothing is created or changed.
+	OnWithdraw
+)
+
+func (t Trigger) String() string {
+	return [...]string{"change", "drift", "resync", "withdraw"}[t]
+}
+
+// Observation is everything Decide depends on.
+type Observation struct {
+	// What the cluster asks. Fleet is the stored spec as last parsed (nil:
+	// none); when the stored spec or the node's assignment does not
+	// decode, the previous one is kept and the error is set.
+	Fleet          *spec.Fleet
+	SpecErr        error
+	Assigned       []string
+	AssignErr      error
+	AllowProcesses bool
+	Fenced         bool
+
+	// What the node holds.
+	Pins    []string        // nsfleet's run dir as listed (names)
+	PinsErr error           // the run dir could not be listed
+	Foreign map[string]bool // pinned but not nsfleet's: never touched
+	// Served: assigned here at some time in this agent's life. With the
+	// spec, it says which pins are the cluster's to tear down.
+	Served map[string]bool
+	// Applied is what each namespace here was last made to match, with
+	// the kernel confirming it (the engine reported it created, repaired
+	// or unchanged). A namespace without an entry is not ready.
+	Applied    map[string]*spec.Namespace
+	Drifted    map[string]bool // OnDrift: the namespaces events named
+	AllDrifted bool            // OnDrift: events were lost; check them all
+}
+
+// Decision is what to do.
+type Decision struct {
+	// Want is what this node must serve: assigned and in the spec
+	// (sorted). Empty when the spec is refused here.
+	Want []string
+	// Teardown: pinned here, the cluster's (in the spec or served
+	// before), not wanted. Foreign pins are never listed.
+	Teardown []string
+	// Up: wanted namespaces to hand to the engine (create, change, check).
+	Up []string
+	// Previous holds, for the Up namespaces whose spec changed, what they
+	// were made to match before: what the engine removes that the new
+	// spec no longer asks for.
+	Previous map[string]*spec.Namespace
+	// Supervise: the wanted namespaces whose processes the agent keeps
+	// running; empty: no supervisor.
+	Supervise []string
+	// Refused says why the spec is not served on this node ("": served).
+	Refused string
+	// Idle: the agent is fenced and was not asked to withdraw: it must
+	// neither create nor tear down (its lease may still be alive).
+	Idle bool
+}
+
+// Decide says what the agent does for trigger t, given o.
+func Decide(t Trigger, o Observation) Decision {
+	var d Decision
+	if o.Fenced && t != OnWithdraw {
+		d.Idle = true
+		return d
+	}
+	d.Refused = refusal(o)
+	if d.Refused == "" && o.Fleet != nil {
+		for _, n := range o.Assigned {
+			if _, ok := o.Fleet.Lookup(n); ok {
+				d.Want = append(d.Want, n)
+			}
+		}
+		slices.Sort(d.Want)
+		d.Want = slices.Compact(d.Want)
+	}
+	if o.PinsErr == nil {
+		for _, p := range o.Pins {
+			if o.Foreign[p] || isIn(d.Want, p) {
+				continue
+			}
+			inSpec := false
+			if o.Fleet != nil {
+				_, inSpec = o.Fleet.Lookup(p)
+			}
+			if inSpec || o.Served[p] {
+				d.Teardown = append(d.Teardown, p)
+			}
+		}
+		slices.Sort(d.Teardown)
+	}
+	if t == OnWithdraw {
+		d.Want = nil
+		return d
+	}
+	for _, n := range d.Want {
+		want, _ := o.Fleet.Lookup(n)
+		prev, applied := o.Applied[n]
+		switch {
+		case t == OnResync, t == OnDrift && (o.AllDrifted || o.Drifted[n]), !applied:
+			d.Up = append(d.Up, n)
+		case !prev.Same(want):
+			d.Up = append(d.Up, n)
+		default:
+			continue
+		}
+		if applied && !prev.Same(want) {
+			if d.Previous == nil {
+				d.Previous = map[string]*spec.Namespace{}
+			}
+			d.Previous[n] = prev
+		}
+	}
+	for _, n := range d.Want {
+		if ns, _ := o.Fleet.Lookup(n); len(ns.Processes) > 0 {
+			d.Supervise = append(d.Supervise, n)
+		}
+	}
+	return d
+}
+
+// refusal says why the spec cannot be served on this node, or "".
+func refusal(o Observation) string {
+	switch {
+	case o.SpecErr != nil && o.Fleet == nil:
+		return o.SpecErr.Error()
+	case o.Fleet != nil && o.Fleet.HasProcesses() && !o.AllowProcesses:
+		return "the spec runs processes; this agent was started without --allow-processes"
+	}
+	return ""
+}
+
+func isIn(sorted []string, s string) bool {
+	_, ok := slices.BinarySearch(sorted, s)
+	return ok
+}
+
+// Progress is how far the node is with what it was asked, by the kernel's
+// word: a namespace counts as ready only when the engine last confirmed it
+// matches the spec as it is stored now.
+type Progress struct {
+	Want, Ready int
+	// Converged: every wanted namespace is ready at the current spec,
+	// nothing that must go is left, the spec and assignment decoded and
+	// are served. Only then may the node report the revisions it holds.
+	Converged bool
+}
+
+// Measure computes the Progress of a node after a Decision was carried out
+// (teardownOK: every namespace of d.Teardown is gone).
+func Measure(o Observation, d Decision, teardownOK bool) Progress {
+	p := Progress{Want: len(d.Want)}
+	for _, n := range d.Want {
+		want, _ := o.Fleet.Lookup(n)
+		if have, ok := o.Applied[n]; ok && have.Same(want) {
+			p.Ready++
+		}
+	}
+	p.Converged = teardownOK && o.PinsErr == nil && p.Ready == p.Want && d.Refused == "" &&
+		o.SpecErr == nil && o.AssignErr == nil && !o.Fenced
+	return p
+}

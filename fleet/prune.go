@@ -1,0 +1,93 @@
+package fleet
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/nsfleet/nsfleet/spec"
+)
+
+// Prune lists the fixes that take away what prev asked of a namespace and
+// want no longer asks: veths dropped from the spec, addresses dropped from
+// a veth that stays, and routes dropped. It touches only what prev
+// declared (as `kubectl apply` does with its last-applied configuration):
+// an address or route that another program added (keepalived's VIPs, a
+// routing daemon's routes) is left alone. Sysctls dropped from the spec
+// keep their value (there is no "unset"), and so do MTU and link state.
+//
+// Prune's fixes come before Diff's: an address that moved from one veth
+// to another, or a route whose gateway changed, is removed before it is
+// added again.
+func Prune(prev, want *spec.Namespace, got *Observed) []Fix {
+	if prev == nil || want == nil {
+		return nil
+	}
+	var fixes []Fix
+	wantPeers := map[string]bool{}
+	for _, v := range want.Veths {
+		wantPeers[v.Peer] = true
+	}
+	for _, pv := range prev.Veths {
+		wi := slices.IndexFunc(want.Veths, func(v spec.Veth) bool { return v.Host == pv.Host && v.Peer == pv.Peer })
+		if wi < 0 {
+			// Dropped: deleting the end inside deletes the pair. Only a
+			// veth of that name that is not a pair inside the namespace,
+			// and not a name the new spec uses for another pair.
+			if l, ok := got.link(pv.Peer); ok && l.Type == "veth" && !wantPeers[pv.Peer] && !got.pairedInside(l) {
+				fixes = append(fixes, Fix{Kind: FixDropVeth, Index: l.Index, Reason: fmt.Sprintf("veth %s/%s no longer in the spec", pv.Host, pv.Peer)})
+			}
+			continue
+		}
+		wv := want.Veths[wi]
+		if peer, ok := got.link(pv.Peer); ok {
+			for _, a := range pv.PeerAddrs {
+				if !slices.Contains(wv.PeerAddrs, a) && slices.Contains(got.Addrs[peer.Index], a) {
+					fixes = append(fixes, Fix{Kind: FixDropPeerAddr, Veth: wi, Index: peer.Index, Addr: a,
+						Reason: fmt.Sprintf("address %s on %s no longer in the spec", a, pv.Peer)})
+				}
+			}
+		}
+		if host, ok := got.HostLinks[pv.Host]; ok && host.Index > 0 {
+			for _, a := range pv.HostAddrs {
+				if !slices.Contains(wv.HostAddrs, a) && slices.Contains(got.HostAddrs[host.Index], a) {
+					fixes = append(fixes, Fix{Kind: FixDropHostAddr, Veth: wi, Index: host.Index, Addr: a,
+						Reason: fmt.Sprintf("address %s on %s no longer in the spec", a, pv.Host)})
+				}
+			}
+		}
+	}
+	for _, r := range prev.Routes {
+		if slices.Contains(want.Routes, r) || !hasRoute(got, prev, r) {
+			continue
+		}
+		f := Fix{Kind: FixDropRoute, Old: r, Reason: fmt.Sprintf("route %s %s no longer in the spec", r.To, via(r))}
+		if r.Dev != "" {
+			l, _ := got.link(r.Dev)
+			f.Index = l.Index
+		}
+		fixes = append(fixes, f)
+	}
+	return fixes
+}
+
+// needsAddrs reports whether reading ns's state (or what prev asked of it)
+// needs the addresses inside.
+func needsAddrs(ns, prev *spec.Namespace) bool {
+	for _, n := range []*spec.Namespace{ns, prev} {
+		if n == nil {
+			continue
+		}
+		for _, v := range n.Veths {
+			if len(v.PeerAddrs) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// needsRoutes reports whether reading ns's state (or what prev asked of
+// it) needs the routes.
+func needsRoutes(ns, prev *spec.Namespace) bool {
+	return len(ns.Routes) > 0 || prev != nil && len(prev.Routes) > 0
+}
