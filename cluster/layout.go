@@ -15,6 +15,8 @@
 //	/nsfleet/v1/assign/NODE       Assignment: what NODE serves
 //	/nsfleet/v1/assign-gen        bumped by every assignment transaction
 //	/nsfleet/v1/failovers/REV     Failover, one per node lost (REV: zero-padded)
+//	/nsfleet/v1/force-failover/NODE  an operator's order to move a lost node's
+//	                              namespaces although most nodes are lost
 //	/nsfleet/v1/scheduler/...     the scheduler election (etcd concurrency)
 //
 // # Guarantees
@@ -51,6 +53,7 @@ const (
 	CordonPrefix   = Prefix + "cordon/"
 	AssignPrefix   = Prefix + "assign/"
 	FailoverPrefix = Prefix + "failovers/"
+	ForcePrefix    = Prefix + "force-failover/"
 	ElectionPrefix = Prefix + "scheduler"
 	SchemaVersion  = "1"
 )
@@ -136,6 +139,7 @@ func NodeKey(node string) string   { return NodesPrefix + node }
 func StatusKey(node string) string { return StatusPrefix + node }
 func CordonKey(node string) string { return CordonPrefix + node }
 func AssignKey(node string) string { return AssignPrefix + node }
+func ForceKey(node string) string  { return ForcePrefix + node }
 
 // FailoverKey orders failover records by revision.
 func FailoverKey(rev int64) string { return fmt.Sprintf("%s%020d", FailoverPrefix, rev) }

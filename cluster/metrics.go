@@ -17,6 +17,8 @@ type Metrics struct {
 	failoverS  prometheus.Histogram
 	failovers  prometheus.Counter
 	etcdErrors prometheus.Counter
+	heldNodes  prometheus.Gauge
+	failsafe   prometheus.Gauge
 }
 
 // NewMetrics registers the agent's metrics for node.
@@ -42,8 +44,12 @@ func NewMetrics(node string) *Metrics {
 			Help: "Nodes lost whose namespaces this node's scheduler moved.", ConstLabels: l}),
 		etcdErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "nsfleet_etcd_errors_total",
 			Help: "Failed etcd requests.", ConstLabels: l}),
+		heldNodes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nsfleet_failover_held_nodes",
+			Help: "Lost nodes whose namespaces the scheduler leaves in place because more than half of the nodes are lost at once.", ConstLabels: l}),
+		failsafe: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nsfleet_failsafe",
+			Help: "1 while this node serves without its lease renewed because no node can reach etcd (failsafe).", ConstLabels: l}),
 	}
-	m.Registry.MustRegister(m.desired, m.ready, m.fenced, m.isLeader, m.reconcile, m.failoverS, m.failovers, m.etcdErrors,
+	m.Registry.MustRegister(m.heldNodes, m.failsafe, m.desired, m.ready, m.fenced, m.isLeader, m.reconcile, m.failoverS, m.failovers, m.etcdErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -89,5 +95,17 @@ func (m *Metrics) failoverDone(s float64) {
 func (m *Metrics) etcdError() {
 	if m != nil {
 		m.etcdErrors.Inc()
+	}
+}
+
+func (m *Metrics) held(n int) {
+	if m != nil {
+		m.heldNodes.Set(float64(n))
+	}
+}
+
+func (m *Metrics) setFailsafe(b bool) {
+	if m != nil {
+		m.failsafe.Set(b2f(b))
 	}
 }

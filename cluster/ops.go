@@ -33,6 +33,8 @@ type Snapshot struct {
 	// them). Readers decide: an agent keeps what it had, the scheduler
 	// writes nothing while an assignment is unreadable.
 	Bad map[string]error
+	// Forced: lost nodes an operator ordered failed over (ForceKey).
+	Forced map[string]bool
 }
 
 // Unreadable names the keys the scheduler must be able to read (the spec
@@ -56,7 +58,7 @@ func Read(ctx context.Context, cli *clientv3.Client) (*Snapshot, error) {
 	s := &Snapshot{
 		Rev: resp.Header.Revision, Nodes: map[string]NodeInfo{}, Status: map[string]NodeStatus{},
 		Cordons: map[string]Cordon{}, Assign: map[string]Assignment{}, AssignRev: map[string]int64{},
-		Bad: map[string]error{},
+		Bad: map[string]error{}, Forced: map[string]bool{},
 	}
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
@@ -95,6 +97,8 @@ func Read(ctx context.Context, cli *clientv3.Client) (*Snapshot, error) {
 				s.Assign[NodeOf(k, AssignPrefix)] = v
 			}
 			s.AssignRev[NodeOf(k, AssignPrefix)] = kv.ModRevision
+		case strings.HasPrefix(k, ForcePrefix):
+			s.Forced[NodeOf(k, ForcePrefix)] = true
 		case strings.HasPrefix(k, FailoverPrefix):
 			var v Failover
 			rev, perr := strconv.ParseInt(NodeOf(k, FailoverPrefix), 10, 64)
@@ -204,6 +208,28 @@ func Drain(ctx context.Context, cli *clientv3.Client, node, reason string) error
 	return err
 }
 
+// ForceFailover orders the scheduler to move a lost node's namespaces even
+// though more than half of the nodes are lost at once (when they are
+// really gone, not cut off). It refuses a node that is alive or holds
+// nothing.
+func ForceFailover(ctx context.Context, cli *clientv3.Client, node string) error {
+	if err := ValidNodeName(node); err != nil {
+		return err
+	}
+	s, err := Read(ctx, cli)
+	if err != nil {
+		return err
+	}
+	if _, alive := s.Nodes[node]; alive {
+		return fmt.Errorf("node %s is alive (it holds its lease): drain it instead", node)
+	}
+	if a, ok := s.Assign[node]; !ok || len(a.Names)+len(a.Releasing) == 0 {
+		return fmt.Errorf("node %s holds no namespaces", node)
+	}
+	_, err = cli.Put(ctx, ForceKey(node), time.Now().UTC().Format(time.RFC3339))
+	return err
+}
+
 // Uncordon lets a node take namespaces again.
 func Uncordon(ctx context.Context, cli *clientv3.Client, node string) (bool, error) {
 	if err := ValidNodeName(node); err != nil {
@@ -233,6 +259,10 @@ type NodeReport struct {
 	Refused        string   `json:"refused,omitempty"`
 	Errors         []string `json:"errors,omitempty"`
 	Scheduler      bool     `json:"scheduler"`
+	// Held: lost, but its namespaces stay assigned to it because more
+	// than half of the nodes are lost at once (cluster failover NODE
+	// forces the move).
+	Held bool `json:"failover_held,omitempty"`
 }
 
 // Report is `nsfleet cluster status`.
@@ -260,6 +290,12 @@ func Status(ctx context.Context, cli *clientv3.Client) (*Report, error) {
 	r := &Report{Revision: s.Rev, SpecRev: s.SpecRev, Nodes: []NodeReport{}, Failovers: s.Failovers}
 	if r.Failovers == nil {
 		r.Failovers = []Failover{}
+	}
+	held := map[string]bool{}
+	if len(s.Assign) > 0 {
+		for _, n := range Schedule(StateOf(s, nil, false)).Held {
+			held[n] = true
+		}
 	}
 	for _, k := range sortedKeys(s.Bad) {
 		r.Unreadable = append(r.Unreadable, k+": "+s.Bad[k].Error())
@@ -289,7 +325,7 @@ func Status(ctx context.Context, cli *clientv3.Client) (*Report, error) {
 			Name: n, Alive: alive, LeaseTTL: -1, Capacity: info.Capacity, AllowProcesses: info.AllowProcesses,
 			Cordoned: cord, Assigned: len(a.Names), Releasing: len(a.Releasing), Ready: st.Ready, Failed: st.Failed,
 			Converged: alive && st.Converged(s.AssignRev[n]) && st.SpecRev >= s.SpecRev, Fenced: st.Fenced, Refused: st.Refused, Errors: st.Errors,
-			Scheduler: r.Scheduler == n,
+			Scheduler: r.Scheduler == n, Held: held[n],
 		}
 		if alive && info.LeaseID != 0 {
 			if ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(info.LeaseID)); err == nil {

@@ -19,6 +19,9 @@ type State struct {
 	Names  []string // the spec's namespaces, in declaration order
 	Nodes  map[string]NodeView
 	Assign map[string]Assignment // by node; nodes without a key have none
+	// Forced: dead nodes whose namespaces an operator had moved even
+	// though more than half of the nodes are lost (cluster failover).
+	Forced map[string]bool
 }
 
 // Plan is the scheduler's decision: the assignments to write (only the
@@ -32,6 +35,9 @@ type Plan struct {
 	Placed     map[string]int // new namespaces by node (orphans included)
 	Released   int            // put in Releasing (drain, balance)
 	Unassigned int            // namespaces no node had room for
+	// Held: dead nodes whose namespaces stay where they are, because more
+	// than half of the nodes are lost at once (see Schedule).
+	Held []string
 }
 
 // Changed reports whether the plan writes anything.
@@ -41,7 +47,12 @@ func (p *Plan) Changed() bool { return len(p.Assign) > 0 }
 // same state gives the same plan. Rules, in order:
 //
 //   - names no longer in the spec are dropped (their node tears them down);
-//   - a dead node's names are placed on the live nodes at once;
+//   - a dead node's names are placed on the live nodes at once, unless
+//     more than half of the nodes that hold an assignment or a lease are
+//     dead at once: that is far likelier a network or etcd failure than
+//     half the gateways failing together, and moving everything would
+//     turn it into an outage when they come back; their names stay put
+//     (Plan.Held) until they return or an operator forces the move;
 //   - a cordoned node releases all its names; names released by a node are
 //     placed only once that node has converged (two-step move);
 //   - unplaced names go to the least-loaded eligible node with room
@@ -60,9 +71,17 @@ func Schedule(s State) Plan {
 	placed := map[string]bool{} // assigned to a live node
 	var pool []string
 	nodes := sortedKeys(s.Assign)
+	hold := massLoss(s)
 	for _, node := range nodes {
 		a := s.Assign[node]
 		v := s.Nodes[node]
+		if !v.Alive && hold && !s.Forced[node] {
+			for _, name := range append(append([]string(nil), a.Names...), a.Releasing...) {
+				placed[name] = true
+			}
+			p.Held = append(p.Held, node)
+			continue
+		}
 		if !v.Alive {
 			n := 0
 			for _, name := range append(append([]string(nil), a.Names...), a.Releasing...) {
@@ -147,7 +166,7 @@ func Schedule(s State) Plan {
 	// Balance, only when nothing is in flight: move one name at a time
 	// from the fullest node to the emptiest with room, while they differ
 	// by more than one. Each move narrows the gap, so the moves are few.
-	if len(held) == 0 && len(pool) == 0 && len(elig) > 1 {
+	if len(held) == 0 && len(pool) == 0 && len(elig) > 1 && len(p.Held) == 0 {
 		count := map[string]int{}
 		for _, node := range elig {
 			count[node] = len(next[node].Names)
@@ -189,6 +208,27 @@ func Schedule(s State) Plan {
 		}
 	}
 	return p
+}
+
+// massLoss reports whether more than half of the nodes that hold an
+// assignment or a lease are dead (hold an assignment, no lease).
+func massLoss(s State) bool {
+	dead, total := 0, 0
+	for _, v := range s.Nodes {
+		if v.Alive {
+			total++
+		}
+	}
+	for node, a := range s.Assign {
+		if v, ok := s.Nodes[node]; ok && v.Alive {
+			continue
+		}
+		if len(a.Names)+len(a.Releasing) > 0 {
+			dead++
+			total++
+		}
+	}
+	return 2*dead > total
 }
 
 func equal(a, b []string) bool {

@@ -198,3 +198,41 @@ func TestScheduleRandom(t *testing.T) {
 		}
 	}
 }
+
+// More than half of the nodes lost at once: nothing moves (it is likelier
+// the network or etcd), until an operator forces a node's failover or the
+// nodes come back; one node lost of three moves as usual.
+func TestScheduleHoldsMassLoss(t *testing.T) {
+	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s.Assign = applyPlan(s, Schedule(s))
+	before := s.Assign
+	delete(s.Nodes, "b")
+	delete(s.Nodes, "c")
+	p := Schedule(s)
+	if p.Changed() || len(p.Held) != 2 || len(p.Orphaned) != 0 {
+		t.Fatalf("two of three lost: plan %+v, want nothing moved and b, c held", p)
+	}
+	// They come back: everything is where it was.
+	s.Nodes = alive("a", "b", "c")
+	if p := Schedule(s); p.Changed() || len(p.Held) != 0 {
+		t.Fatalf("after the return: plan %+v", p)
+	}
+	// An operator forces c's failover while b and c are still lost.
+	delete(s.Nodes, "b")
+	delete(s.Nodes, "c")
+	s.Forced = map[string]bool{"c": true}
+	p = Schedule(s)
+	if p.Orphaned["c"] != 3 || len(p.Held) != 1 || p.Held[0] != "b" {
+		t.Fatalf("forced c: plan %+v", p)
+	}
+	as := applyPlan(s, p)
+	checkOnce(t, s, as, 0)
+	if !equal(as["b"].Names, before["b"].Names) {
+		t.Fatalf("held b's names moved: %v", as["b"])
+	}
+	// Then b alone is lost of a and b: not more than half: it moves.
+	s.Assign, s.Forced = as, nil
+	if p := Schedule(s); p.Orphaned["b"] != 3 {
+		t.Fatalf("one of two lost: plan %+v", p)
+	}
+}

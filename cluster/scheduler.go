@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nsfleet/nsfleet/spec"
@@ -24,6 +25,7 @@ type scheduler struct {
 	specNames []string
 	specProcs bool
 	specErr   error
+	held      []string // nodes whose failover is held, as last logged
 }
 
 // lead campaigns with the node's lease and, once elected, schedules on
@@ -153,7 +155,7 @@ func (sc *scheduler) names(snap *Snapshot) ([]string, bool) {
 // State turns a snapshot into the scheduler's input. A spec with
 // processes treats nodes that do not allow them as cordoned.
 func StateOf(snap *Snapshot, names []string, procs bool) State {
-	st := State{Names: names, Nodes: map[string]NodeView{}, Assign: snap.Assign}
+	st := State{Names: names, Nodes: map[string]NodeView{}, Assign: snap.Assign, Forced: snap.Forced}
 	for n, info := range snap.Nodes {
 		_, cord := snap.Cordons[n]
 		v := NodeView{Alive: true, Cordoned: cord || (procs && !info.AllowProcesses), Capacity: info.Capacity, Converged: true}
@@ -172,6 +174,11 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 	}
 	now := time.Now().UTC()
 	p := Schedule(StateOf(snap, names, sc.specProcs))
+	sc.metrics.held(len(p.Held))
+	if len(p.Held) > 0 && !slices.Equal(p.Held, sc.held) {
+		sc.log.Warn("more than half of the nodes lost at once: their namespaces stay put (likelier the network or etcd); 'nsfleet cluster failover NODE' moves a node's", "held", p.Held)
+	}
+	sc.held = p.Held
 	guard := []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(leaderKey), "=", leaderRev),
 		clientv3.Compare(clientv3.ModRevision(KeyAssignGen), "=", snap.AssignGenRev),
@@ -186,6 +193,11 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 			}
 		}
 		ops = append(ops, clientv3.OpPut(KeyAssignGen, now.Format(time.RFC3339Nano)))
+		for node := range p.Orphaned {
+			if snap.Forced[node] {
+				ops = append(ops, clientv3.OpDelete(ForceKey(node)))
+			}
+		}
 		var lost []string
 		for node, n := range p.Orphaned {
 			lost = append(lost, node)
@@ -206,6 +218,15 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 			sc.metrics.failover()
 		}
 		return nil
+	}
+	// Orders for nodes that came back, or hold nothing any more, are done.
+	for node := range snap.Forced {
+		_, alive := snap.Nodes[node]
+		if _, has := snap.Assign[node]; alive || !has {
+			if _, err := sc.cli.Delete(ctx, ForceKey(node)); err != nil {
+				return err
+			}
+		}
 	}
 	return sc.closeFailovers(ctx, snap)
 }

@@ -26,7 +26,7 @@ stores it (after checking all of it, as 'nsfleet up' does), the elected
 scheduler spreads its namespaces over the live nodes, and every agent makes
 its node match.`,
 	}
-	cmd.AddCommand(newApply(g), newDelete(g), newStatus(g), newDrain(g), newUncordon(g))
+	cmd.AddCommand(newApply(g), newDelete(g), newStatus(g), newDrain(g), newUncordon(g), newFailover(g))
 	return cmd
 }
 
@@ -189,6 +189,8 @@ func printStatus(w io.Writer, r *cluster.Report) {
 		}
 		var state []string
 		switch {
+		case !n.Alive && n.Held:
+			state = append(state, "lost, failover held (most nodes lost at once: 'nsfleet cluster failover "+n.Name+"' moves its namespaces)")
 		case !n.Alive:
 			state = append(state, "lost")
 		case n.Fenced:
@@ -318,6 +320,36 @@ func newUncordon(g *globals) *cobra.Command {
 				return nil
 			}
 			fmt.Fprintf(g.stdout, "cluster uncordon: %s takes namespaces again\n", args[0])
+			return nil
+		},
+	}
+}
+
+func newFailover(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "failover NODE",
+		Short: "Move a lost node's namespaces although most nodes are lost at once",
+		Long: `When more than half of the nodes lose their leases at once, the scheduler
+moves none of their namespaces: that is far likelier a network or etcd failure
+than half the gateways dying together, and moving everything would turn it
+into an outage when they come back ('cluster status' shows "failover held").
+If NODE is really gone, failover orders its namespaces moved to the live nodes
+now. It refuses a node that is alive (drain it instead).`,
+		Example: `  nsfleet cluster status          # node-2 lost, failover held
+  nsfleet cluster failover node-2`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cli, err := g.connect(cmd.Context(), "cluster failover")
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			ctx, cancel := g.rpc(cmd.Context())
+			defer cancel()
+			if err := cluster.ForceFailover(ctx, cli, args[0]); err != nil {
+				return fmt.Errorf("cluster failover: %w", err)
+			}
+			fmt.Fprintf(g.stdout, "cluster failover: %s's namespaces are moving to the live nodes\n", args[0])
 			return nil
 		},
 	}
