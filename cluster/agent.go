@@ -35,6 +35,9 @@ type AgentConfig struct {
 	Log            *slog.Logger
 	Metrics        *Metrics
 	Version        string
+	// PeerAddr (host:port) is where the agent answers its peers, announced
+	// in its node key; "" turns the failsafe off (see failsafe.go).
+	PeerAddr string
 }
 
 // Agent makes one node serve what the cluster assigns to it. Its threading
@@ -56,8 +59,12 @@ type Agent struct {
 	stopWork atomic.Pointer[context.CancelFunc]
 	joined   atomic.Bool
 	fenced   atomic.Bool
-	statusMu sync.Mutex
-	status   NodeStatus
+	failsafe atomic.Bool // serving without the lease renewed (failsafe.go)
+	// lastRenewal: when the last acknowledged renewal was sent (UnixNano).
+	lastRenewal atomic.Int64
+	peers       peerBook
+	statusMu    sync.Mutex
+	status      NodeStatus
 
 	desired desired // what the cluster asks of this node (watch.go)
 	held    held    // what this node holds (reconcile.go)
@@ -100,6 +107,8 @@ func (a *Agent) Healthy() (bool, string) {
 		return false, "not joined to the cluster"
 	case a.fenced.Load():
 		return false, "fenced: lease not renewed"
+	case a.failsafe.Load():
+		return true, "failsafe: no node reaches etcd; serving what is here, changing nothing"
 	}
 	return true, "ok"
 }
@@ -117,6 +126,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.drift = d
 	defer d.close()
 	go d.run(ctx)
+	if err := a.servePeers(ctx); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
 	a.sup.ctx = ctx
 	defer a.sup.stop()
 	learned := false
@@ -181,11 +193,12 @@ func (a *Agent) join(ctx context.Context) error {
 		lease = g.ID
 	}
 	info := NodeInfo{Name: a.cfg.Node, Capacity: a.cfg.Capacity, AllowProcesses: a.cfg.AllowProcesses,
-		LeaseID: int64(lease), LeaseTTL: float64(ttl), Started: time.Now().UTC(), Version: a.cfg.Version}
+		LeaseID: int64(lease), LeaseTTL: float64(ttl), Started: time.Now().UTC(), Version: a.cfg.Version, PeerURL: a.peerURL()}
 	if _, err := a.cli.Put(rctx, NodeKey(a.cfg.Node), encode(info), clientv3.WithLease(lease)); err != nil {
 		return err
 	}
 	a.lease = lease
+	a.lastRenewal.Store(time.Now().UnixNano())
 	a.fenced.Store(false)
 	a.cfg.Metrics.setFenced(false)
 	a.joined.Store(true)
@@ -262,10 +275,13 @@ func (a *Agent) leaseEvent(ctx context.Context, ev leaseEvent, w *specWatch) boo
 	switch ev {
 	case leaseFence:
 		a.fence(ctx)
+	case leaseFailsafe:
+		a.cfg.Metrics.setFailsafe(true)
 	case leaseRenewed:
 		a.log.Info("lease renewed again: serving")
 		a.fenced.Store(false)
 		a.cfg.Metrics.setFenced(false)
+		a.cfg.Metrics.setFailsafe(false)
 		if w.restart() {
 			a.reconcile(ctx, OnResync)
 		}

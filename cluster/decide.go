@@ -46,7 +46,9 @@ type Observation struct {
 	Assigned       []string
 	AssignErr      error
 	AllowProcesses bool
-	Fenced         bool
+	// Fenced: the lease may have expired (fenced), or is not renewed
+	// while no node reaches etcd (failsafe): create and change nothing.
+	Fenced bool
 
 	// What the node holds.
 	Pins    []string        // nsfleet's run dir as listed (names)

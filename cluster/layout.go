@@ -79,6 +79,9 @@ type NodeInfo struct {
 	LeaseTTL       float64   `json:"lease_ttl_seconds"`
 	Started        time.Time `json:"started"`
 	Version        string    `json:"version"`
+	// PeerURL is where the agent answers its peers' failsafe question;
+	// "": it does not take part.
+	PeerURL string `json:"peer_url,omitempty"`
 }
 
 // NodeStatus is how far an agent has come with its assignment.

@@ -17,33 +17,61 @@ const (
 	leaseFence leaseEvent = iota
 	leaseRenewed
 	leaseLost
+	leaseFailsafe
 )
 
 // fenceMargin is how long before its lease can expire a node stops
 // serving: enough to set every host veth down.
 func (a *Agent) fenceMargin() time.Duration { return max(a.cfg.LeaseTTL/5, 500*time.Millisecond) }
 
-// keepalive renews the lease every TTL/3 on its own clock. It says fence
-// when the lease may expire within the fence margin (the last renewal
-// acknowledged was sent more than TTL minus margin ago), renewed when a
+// keepalive renews the lease every TTL/3 on its own clock. When the lease
+// may expire within the fence margin (the last renewal acknowledged was
+// sent more than TTL minus margin ago), it asks the peers (failsafe.go):
+// if none of them reaches etcd either, it says failsafe and keeps asking
+// them every retry, saying fence as soon as one reaches etcd or stops
+// answering; otherwise it says fence at once. It says renewed when a
 // renewal succeeds again, and lost when etcd says the lease is gone.
 func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<- leaseEvent) {
 	ttl := a.cfg.LeaseTTL
 	deadline := time.Now().Add(ttl)
-	fenced := false
+	fenced, failsafe := false, false
+	stopWork := func() {
+		if stop := a.stopWork.Load(); stop != nil {
+			(*stop)()
+		}
+	}
+	fence := func() {
+		fenced, failsafe = true, false
+		a.fenced.Store(true)
+		a.failsafe.Store(false)
+		stopWork()
+		out <- leaseFence
+	}
 	for ctx.Err() == nil {
 		wait := ttl / 3
-		if !fenced {
+		if !fenced && !failsafe {
 			wait = min(wait, time.Until(deadline.Add(-a.fenceMargin())))
 		}
-		if !fenced && wait <= 0 {
-			fenced = true
-			a.fenced.Store(true)
-			if stop := a.stopWork.Load(); stop != nil {
-				(*stop)()
+		if !fenced && !failsafe && wait <= 0 {
+			if ok, why := a.failsafeHolds(ctx, a.fenceMargin()/2); ok {
+				failsafe = true
+				a.failsafe.Store(true)
+				stopWork()
+				a.log.Warn("lease not renewed, but no peer reaches etcd either: failsafe, serving what is here, changing nothing", "why", why)
+				out <- leaseFailsafe
+			} else {
+				a.log.Warn("lease not renewed; fencing", "why", why)
+				fence()
 			}
-			out <- leaseFence
 			continue
+		}
+		if failsafe {
+			wait = failsafeRetry
+			if ok, why := a.failsafeHolds(ctx, failsafeRetry); !ok {
+				a.log.Warn("failsafe ends; fencing", "why", why)
+				fence()
+				continue
+			}
 		}
 		sent := time.Now()
 		kctx, cancel := context.WithTimeout(ctx, max(wait, 100*time.Millisecond))
@@ -52,8 +80,10 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 		switch {
 		case err == nil:
 			deadline = sent.Add(time.Duration(resp.TTL) * time.Second)
-			if fenced {
-				fenced = false
+			a.lastRenewal.Store(sent.UnixNano())
+			if fenced || failsafe {
+				fenced, failsafe = false, false
+				a.failsafe.Store(false)
 				out <- leaseRenewed
 			}
 			sleep(ctx, time.Until(sent.Add(ttl/3)))
@@ -64,9 +94,24 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 			if ctx.Err() == nil {
 				a.cfg.Metrics.etcdError()
 			}
-			sleep(ctx, min(200*time.Millisecond, time.Until(deadline.Add(-a.fenceMargin()))))
+			if !failsafe {
+				sleep(ctx, min(200*time.Millisecond, time.Until(deadline.Add(-a.fenceMargin()))))
+			}
 		}
 	}
+}
+
+// failsafeRetry is how often a node in failsafe asks its peers and etcd
+// again: the bound on how long it may serve after a peer reaches etcd.
+const failsafeRetry = 300 * time.Millisecond
+
+// failsafeHolds asks the peers whether this node may keep serving without
+// its lease renewed. Only an agent with a peer address takes part.
+func (a *Agent) failsafeHolds(ctx context.Context, timeout time.Duration) (bool, string) {
+	if a.cfg.PeerAddr == "" {
+		return false, "failsafe off (no --peer-addr)"
+	}
+	return a.askPeers(ctx, max(timeout, 100*time.Millisecond))
 }
 
 // fence stops serving before the lease can expire: no creation, and every
@@ -99,6 +144,7 @@ func (a *Agent) fence(ctx context.Context) {
 	// What was made to match is no longer served as the spec says (its
 	// veths are down): every namespace is checked again once unfenced.
 	a.held.applied = map[string]*spec.Namespace{}
+	a.cfg.Metrics.setFailsafe(false)
 	a.log.Warn("fenced: lease not renewed in time; host veths set down, creating nothing", "veths_down", n, "took", time.Since(start))
 	a.putStatus(ctx, func(s *NodeStatus) { s.Fenced = true })
 }

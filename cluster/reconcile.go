@@ -64,7 +64,7 @@ func (a *Agent) observe(t Trigger) Observation {
 	d := &a.desired
 	o := Observation{
 		Fleet: d.fleet, SpecErr: d.specErr, Assigned: d.assign.Names, AssignErr: d.assignErr,
-		AllowProcesses: a.cfg.AllowProcesses, Fenced: a.fenced.Load(),
+		AllowProcesses: a.cfg.AllowProcesses, Fenced: a.fenced.Load() || a.failsafe.Load(),
 		Foreign: a.held.foreign, Served: a.held.served, Applied: a.held.applied,
 	}
 	o.Pins, o.PinsErr = a.kernel.pins()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nsfleet/nsfleet/spec"
@@ -24,8 +25,10 @@ type desired struct {
 	assignErr error
 }
 
-// load takes the spec and this node's assignment from a snapshot.
+// load takes the spec, this node's assignment and its peers from a
+// snapshot.
 func (a *Agent) load(snap *Snapshot) {
+	a.peers.set(snap.Nodes, a.cfg.Node)
 	if err, bad := snap.Bad[KeySpec]; bad {
 		a.badSpec(snap.SpecRev, err)
 	} else {
@@ -131,6 +134,16 @@ func (w *specWatch) take(resp clientv3.WatchResponse, ok bool) bool {
 	a := w.a
 	changed := false
 	for _, ev := range resp.Events {
+		if k := string(ev.Kv.Key); strings.HasPrefix(k, NodesPrefix) && NodeOf(k, NodesPrefix) != a.cfg.Node {
+			var info NodeInfo
+			switch {
+			case ev.Type == clientv3.EventTypeDelete:
+				a.peers.remove(NodeOf(k, NodesPrefix))
+			case json.Unmarshal(ev.Kv.Value, &info) == nil:
+				a.peers.put(NodeOf(k, NodesPrefix), info.PeerURL)
+			}
+			continue
+		}
 		switch string(ev.Kv.Key) {
 		case KeySpec:
 			changed = true

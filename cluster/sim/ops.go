@@ -19,6 +19,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
+	"github.com/nsfleet/nsfleet/sysctl"
 	"golang.org/x/sys/unix"
 )
 
@@ -165,7 +166,13 @@ func (st *State) makeHub() error {
 				return err
 			}
 		}
-		return nil
+		// The hub routes between nodes (their agents ask each other).
+		p, err := sysctl.Open()
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		return p.Write("net.ipv4.ip_forward", "1")
 	})
 	if err != nil {
 		return fmt.Errorf("hub namespace: %w", err)
@@ -296,7 +303,11 @@ func (st *State) addNode(k int) error {
 		if err := c.SetUp(l.Index, true); err != nil {
 			return err
 		}
-		return c.ReplaceRoute(rtnl.Route{To: netip.MustParsePrefix("198.18.0.0/24"), Via: hubSide.Addr()})
+		if err := c.ReplaceRoute(rtnl.Route{To: netip.MustParsePrefix("198.18.0.0/24"), Via: hubSide.Addr()}); err != nil {
+			return err
+		}
+		// The other nodes, through the hub (the failsafe's peer checks).
+		return c.ReplaceRoute(rtnl.Route{To: netip.MustParsePrefix("198.19.0.0/16"), Via: hubSide.Addr()})
 	})
 	if err != nil {
 		return fmt.Errorf("%s: node address: %w", n.Name, err)
@@ -310,7 +321,7 @@ func (st *State) addNode(k int) error {
 
 func (st *State) startAgent(n *NodeInfo) error {
 	args := []string{"agent", "--node", n.Name, "--etcd", strings.Join(Endpoints(), ","),
-		"--run-dir", n.RunDir, "--metrics-addr", "127.0.0.1:9465"}
+		"--run-dir", n.RunDir, "--metrics-addr", "127.0.0.1:9465", "--peer-addr", PeerAddr(n.Index)}
 	if st.LeaseTTL != "" {
 		args = append(args, "--lease-ttl", st.LeaseTTL)
 	}

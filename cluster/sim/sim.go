@@ -60,6 +60,10 @@ type NodeInfo struct {
 	Killed bool   `json:"killed,omitempty"`
 }
 
+// PeerAddr is where node k's agent answers its peers: its address on the
+// link to the hub, which routes between nodes.
+func PeerAddr(k int) string { return fmt.Sprintf("198.19.%d.2:9466", k) }
+
 // MemberAddr is the hub address of etcd member k (1..3).
 func MemberAddr(k int) string { return fmt.Sprintf("198.18.0.%d", k) }
 

@@ -20,7 +20,7 @@ import (
 )
 
 func newAgent(g *globals) *cobra.Command {
-	var node, runDir, metricsAddr, dataDir string
+	var node, runDir, metricsAddr, dataDir, peerAddr string
 	var ttl, resync time.Duration
 	var capacity, workers int
 	var allowProcs bool
@@ -36,7 +36,10 @@ set down, forwarding changed) is repaired within about a second, from kernel
 events; a full check runs every --resync.
 
 If the lease cannot be renewed, the agent fences itself before the lease can
-expire: host veths set down, nothing created. When it reaches etcd again it
+expire: host veths set down, nothing created. With --peer-addr it first asks
+its peers: if every one answers and none reaches etcd either (an etcd outage,
+not a node cut off), nobody can take its namespaces over, so it keeps serving
+them, changing nothing, until etcd is back (failsafe). When it reaches etcd again it
 tears down every namespace that moved away before it takes new work. An agent
 restarted on the same node adopts the namespaces still assigned to it.
 
@@ -96,7 +99,7 @@ nothing else.`,
 			m := cluster.NewMetrics(node)
 			a, err := cluster.NewAgent(cluster.AgentConfig{Node: node, Client: cli, RunDir: rd, LeaseTTL: ttl,
 				Capacity: capacity, AllowProcesses: allowProcs, Resync: resync, Workers: workers,
-				Log: g.log.With("node", node), Metrics: m, Version: Version})
+				Log: g.log.With("node", node), Metrics: m, Version: Version, PeerAddr: peerAddr})
 			if err != nil {
 				return usageError{fmt.Errorf("agent: %w", err)}
 			}
@@ -124,6 +127,7 @@ nothing else.`,
 	f.DurationVar(&resync, "resync", 5*time.Minute, "full check of every assigned namespace this often")
 	f.StringVar(&dataDir, "data-dir", "/var/lib/nsfleet", "data of the embedded etcd (used without --etcd)")
 	f.IntVarP(&workers, "workers", "w", 0, "parallel workers (0: one per CPU)")
+	f.StringVar(&peerAddr, "peer-addr", "", "host:port on the node network where this agent answers its peers (announced in etcd); with it, an agent that loses etcd keeps serving while no peer reaches etcd either (failsafe); empty: it fences")
 	return cmd
 }
 
