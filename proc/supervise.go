@@ -1,16 +1,16 @@
 package proc
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"slices"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
