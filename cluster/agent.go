@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/proc"
 	"github.com/nsfleet/nsfleet/spec"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -38,6 +41,14 @@ type AgentConfig struct {
 	// PeerAddr (host:port) is where the agent answers its peers, announced
 	// in its node key; "" turns the failsafe off (see failsafe.go).
 	PeerAddr string
+	// RebalanceAfter: a node that came back gets namespaces moved onto it
+	// by balance only after this long (0: DefaultSettle); MaxMoves bounds
+	// the balance moves of one scheduling step (0: DefaultMaxMoves).
+	RebalanceAfter time.Duration
+	MaxMoves       int
+	// NoWatchdog: no watchdog process (watchdog.go); a stopped agent's
+	// node then keeps serving after its lease expired.
+	NoWatchdog bool
 }
 
 // Agent makes one node serve what the cluster assigns to it. Its threading
@@ -63,8 +74,15 @@ type Agent struct {
 	// lastRenewal: when the last acknowledged renewal was sent (UnixNano).
 	lastRenewal atomic.Int64
 	peers       peerBook
-	statusMu    sync.Mutex
-	status      NodeStatus
+	lostLease   bool // this agent held a lease before and lost it
+	// fencePoint (UnixNano) is when the agent must stop acting unless
+	// its lease was renewed: the earliest expiry minus the fence margin.
+	// Checked before every reconcile, so that an agent that resumes
+	// after a stop does nothing before its keepalive has caught up.
+	fencePoint atomic.Int64
+	dog        *watchdogLink
+	statusMu   sync.Mutex
+	status     NodeStatus
 
 	desired desired // what the cluster asks of this node (watch.go)
 	held    held    // what this node holds (reconcile.go)
@@ -129,6 +147,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.servePeers(ctx); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	if !a.cfg.NoWatchdog {
+		rd := a.cfg.RunDir
+		store := proc.StoreFor(rd).Dir
+		a.dog = &watchdogLink{addr: WatchdogAddr(rd.Path), log: a.log, start: func() error {
+			if err := os.MkdirAll(store, 0o700); err != nil {
+				return err
+			}
+			return startWatchdogProcess(rd.Path, filepath.Join(store, "watchdog.log"))
+		}}
+		defer a.dog.close()
+	}
 	a.sup.ctx = ctx
 	defer a.sup.stop()
 	learned := false
@@ -177,8 +206,10 @@ func (a *Agent) join(ctx context.Context) error {
 	ttl := int64((a.cfg.LeaseTTL + time.Second - 1) / time.Second)
 	var lease clientv3.LeaseID
 	if old, ok := snap.Nodes[a.cfg.Node]; ok && old.LeaseID != 0 {
-		if _, err := a.cli.KeepAliveOnce(rctx, clientv3.LeaseID(old.LeaseID)); err == nil {
+		if resp, err := a.cli.KeepAliveOnce(rctx, clientv3.LeaseID(old.LeaseID)); err == nil {
 			lease = clientv3.LeaseID(old.LeaseID)
+			// Before the previous agent's watchdog deadline passes.
+			a.renewed(time.Now(), time.Duration(resp.TTL)*time.Second)
 			a.log.Info("adopted the lease of this node's previous agent", "lease", fmt.Sprintf("%x", old.LeaseID))
 		}
 	}
@@ -194,11 +225,14 @@ func (a *Agent) join(ctx context.Context) error {
 	}
 	info := NodeInfo{Name: a.cfg.Node, Capacity: a.cfg.Capacity, AllowProcesses: a.cfg.AllowProcesses,
 		LeaseID: int64(lease), LeaseTTL: float64(ttl), Started: time.Now().UTC(), Version: a.cfg.Version, PeerURL: a.peerURL()}
+	if a.lostLease {
+		info.Returned = info.Started
+	}
 	if _, err := a.cli.Put(rctx, NodeKey(a.cfg.Node), encode(info), clientv3.WithLease(lease)); err != nil {
 		return err
 	}
 	a.lease = lease
-	a.lastRenewal.Store(time.Now().UnixNano())
+	a.renewed(time.Now(), a.cfg.LeaseTTL)
 	a.fenced.Store(false)
 	a.cfg.Metrics.setFenced(false)
 	a.joined.Store(true)
@@ -261,7 +295,8 @@ func (a *Agent) serve(ctx context.Context) {
 
 // campaign takes part in the scheduler election for this lease's epoch.
 func (a *Agent) campaign(ctx context.Context) {
-	sc := &scheduler{cli: a.cli, node: a.cfg.Node, log: a.log, metrics: a.cfg.Metrics, timeout: a.cfg.LeaseTTL}
+	sc := &scheduler{cli: a.cli, node: a.cfg.Node, log: a.log, metrics: a.cfg.Metrics, timeout: a.cfg.LeaseTTL,
+		settle: a.cfg.RebalanceAfter, maxMoves: a.cfg.MaxMoves}
 	for ctx.Err() == nil {
 		if err := sc.lead(ctx, a.lease); err != nil && ctx.Err() == nil {
 			a.log.Debug("scheduler election", "err", err)
@@ -289,6 +324,7 @@ func (a *Agent) leaseEvent(ctx context.Context, ev leaseEvent, w *specWatch) boo
 		a.log.Warn("lease expired: this node's namespaces may have moved; tearing down what did, then joining again")
 		a.fenced.Store(true)
 		a.joined.Store(false)
+		a.lostLease = true
 		a.cfg.Metrics.setFenced(true)
 		return false
 	}

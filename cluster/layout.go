@@ -82,6 +82,10 @@ type NodeInfo struct {
 	// PeerURL is where the agent answers its peers' failsafe question;
 	// "": it does not take part.
 	PeerURL string `json:"peer_url,omitempty"`
+	// Returned is when the node came back: its agent joined with a new
+	// lease after it had lost one. Balance moves nothing onto it for a
+	// while (NodeView.Settling).
+	Returned time.Time `json:"returned,omitzero"`
 }
 
 // NodeStatus is how far an agent has come with its assignment.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/nsfleet/nsfleet/rtnl"
 	"github.com/nsfleet/nsfleet/spec"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -72,6 +71,9 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 				fence()
 				continue
 			}
+			// Still nobody reaches etcd: the watchdog waits for the
+			// next ask, not for the lease.
+			a.dog.extend(3 * failsafeRetry)
 		}
 		sent := time.Now()
 		kctx, cancel := context.WithTimeout(ctx, max(wait, 100*time.Millisecond))
@@ -80,7 +82,7 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 		switch {
 		case err == nil:
 			deadline = sent.Add(time.Duration(resp.TTL) * time.Second)
-			a.lastRenewal.Store(sent.UnixNano())
+			a.renewed(sent, time.Duration(resp.TTL)*time.Second)
 			if fenced || failsafe {
 				fenced, failsafe = false, false
 				a.failsafe.Store(false)
@@ -99,6 +101,21 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 			}
 		}
 	}
+}
+
+// renewed records a renewal sent at sent that etcd acknowledged with ttl
+// left: the new fence point, and the watchdog's deadline.
+func (a *Agent) renewed(sent time.Time, ttl time.Duration) {
+	a.lastRenewal.Store(sent.UnixNano())
+	point := sent.Add(ttl - a.fenceMargin())
+	a.fencePoint.Store(point.UnixNano())
+	a.dog.extend(time.Until(point))
+}
+
+// pastFencePoint reports whether the lease may expire within the fence
+// margin by this agent's clock.
+func (a *Agent) pastFencePoint() bool {
+	return time.Now().UnixNano() > a.fencePoint.Load()
 }
 
 // failsafeRetry is how often a node in failsafe asks its peers and etcd
@@ -124,22 +141,15 @@ func (a *Agent) fence(ctx context.Context) {
 	n := 0
 	if fl := a.desired.fleet; fl != nil {
 		pins, _ := a.cfg.RunDir.List()
-		if host, err := rtnl.OpenLite(); err == nil {
-			for _, p := range pins {
-				ns, ok := fl.Lookup(p.Name)
-				if !ok {
-					continue
-				}
+		var names []string
+		for _, p := range pins {
+			if ns, ok := fl.Lookup(p.Name); ok {
 				for _, v := range ns.Veths {
-					if l, err := host.LinkByName(v.Host); err == nil && l.Up {
-						if host.SetUp(l.Index, false) == nil {
-							n++
-						}
-					}
+					names = append(names, v.Host)
 				}
 			}
-			host.Close()
 		}
+		n = setHostVethsDown(names)
 	}
 	// What was made to match is no longer served as the spec says (its
 	// veths are down): every namespace is checked again once unfenced.

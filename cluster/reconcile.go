@@ -64,7 +64,7 @@ func (a *Agent) observe(t Trigger) Observation {
 	d := &a.desired
 	o := Observation{
 		Fleet: d.fleet, SpecErr: d.specErr, Assigned: d.assign.Names, AssignErr: d.assignErr,
-		AllowProcesses: a.cfg.AllowProcesses, Fenced: a.fenced.Load() || a.failsafe.Load(),
+		AllowProcesses: a.cfg.AllowProcesses, Fenced: a.fenced.Load() || a.failsafe.Load() || a.pastFencePoint(),
 		Foreign: a.held.foreign, Served: a.held.served, Applied: a.held.applied,
 	}
 	o.Pins, o.PinsErr = a.kernel.pins()
@@ -109,6 +109,7 @@ func (a *Agent) reconcile(ctx context.Context, t Trigger) {
 	}
 	a.bringUp(ctx, dec, &fail)
 	a.sup.keep(a, dec.Supervise)
+	a.dog.setVeths(hostVeths(a.desired.fleet, dec.Want))
 	for n := range a.held.applied {
 		if !isIn(dec.Want, n) {
 			delete(a.held.applied, n)
@@ -189,6 +190,19 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 			"changed", len(dec.Previous), "failed", sum.Counts[fleet.Failed]+sum.Counts[fleet.Skipped],
 			"took", time.Since(start).Round(time.Millisecond))
 	}
+}
+
+// hostVeths lists the host ends of the named namespaces' veths.
+func hostVeths(f *spec.Fleet, names []string) []string {
+	var out []string
+	for _, n := range names {
+		if ns, ok := f.Lookup(n); ok {
+			for _, v := range ns.Veths {
+				out = append(out, v.Host)
+			}
+		}
+	}
+	return out
 }
 
 // putStatus updates this node's status key (bound to its lease).

@@ -12,6 +12,12 @@ type NodeView struct {
 	// Converged: the node has done what its current assignment asks, so
 	// the names it was releasing are gone from it.
 	Converged bool
+	// Settling: the node came back recently (a new lease after it lost
+	// one, or a failover of its namespaces): it is placed new and
+	// orphaned names like any node, but balance moves nothing onto it
+	// until its membership has been stable, so that one blip moves
+	// routers once, not twice.
+	Settling bool
 }
 
 // State is one consistent read of the cluster.
@@ -22,6 +28,9 @@ type State struct {
 	// Forced: dead nodes whose namespaces an operator had moved even
 	// though more than half of the nodes are lost (cluster failover).
 	Forced map[string]bool
+	// MaxMoves bounds the names balance releases in one plan (0: no
+	// bound). Failover and drain are not bounded.
+	MaxMoves int
 }
 
 // Plan is the scheduler's decision: the assignments to write (only the
@@ -59,7 +68,8 @@ func (p *Plan) Changed() bool { return len(p.Assign) > 0 }
 //     (eligible: alive, not cordoned), ties by name;
 //   - when nothing is in flight, a node above the balanced share releases
 //     only its excess, and only while another node has room below it, so
-//     adding a node moves what balance needs and no more.
+//     adding a node moves what balance needs and no more; at most
+//     MaxMoves names per plan, and none towards a Settling node.
 func Schedule(s State) Plan {
 	p := Plan{Assign: map[string]*Assignment{}, Orphaned: map[string]int{}, Placed: map[string]int{}}
 	order := make(map[string]int, len(s.Names))
@@ -167,7 +177,7 @@ func Schedule(s State) Plan {
 	// from the fullest node to the emptiest with room, while they differ
 	// by more than one. Each move narrows the gap, so the moves are few.
 	if len(held) == 0 && len(pool) == 0 && len(elig) > 1 && len(p.Held) == 0 {
-		count := map[string]int{}
+		count, moves := map[string]int{}, 0
 		for _, node := range elig {
 			count[node] = len(next[node].Names)
 		}
@@ -178,13 +188,14 @@ func Schedule(s State) Plan {
 					hi = node
 				}
 				c := s.Nodes[node].Capacity
-				if (c <= 0 || count[node] < c) && (lo == "" || count[node] < count[lo]) {
+				if (c <= 0 || count[node] < c) && !s.Nodes[node].Settling && (lo == "" || count[node] < count[lo]) {
 					lo = node
 				}
 			}
-			if lo == "" || count[hi]-count[lo] <= 1 {
+			if lo == "" || count[hi]-count[lo] <= 1 || s.MaxMoves > 0 && moves >= s.MaxMoves {
 				break
 			}
+			moves++
 			count[hi]--
 			count[lo]++
 			a := next[hi]

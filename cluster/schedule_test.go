@@ -236,3 +236,34 @@ func TestScheduleHoldsMassLoss(t *testing.T) {
 		t.Fatalf("one of two lost: plan %+v", p)
 	}
 }
+
+// A node that comes back (new lease after a pause or partition) gets
+// nothing moved onto it by balance while it settles; moves are bounded
+// per plan; new names still go to it.
+func TestScheduleNoFlapping(t *testing.T) {
+	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s.Assign = applyPlan(s, Schedule(s))
+	// b lost: its names move to a and c.
+	delete(s.Nodes, "b")
+	s.Assign = applyPlan(s, Schedule(s))
+	// b is back, settling: nothing moves to it.
+	s.Nodes["b"] = NodeView{Alive: true, Converged: true, Settling: true}
+	if p := Schedule(s); p.Released != 0 {
+		t.Fatalf("balance moved %d onto a settling node: %+v", p.Released, p.Assign)
+	}
+	// A new name goes to it all the same (least loaded).
+	s.Names = names(10)
+	p := Schedule(s)
+	if p.Placed["b"] != 1 {
+		t.Fatalf("new name placed %v, want on b", p.Placed)
+	}
+	s.Assign = applyPlan(s, p)
+	// Settled: balance, at most two moves per plan.
+	s.Nodes["b"] = NodeView{Alive: true, Converged: true}
+	s.MaxMoves = 2
+	p = Schedule(s)
+	if p.Released != 2 {
+		t.Fatalf("released %d, want 2 (bounded)", p.Released)
+	}
+	checkOnce(t, s, applyPlan(s, p), 0)
+}

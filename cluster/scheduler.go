@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"slices"
@@ -25,7 +26,9 @@ type scheduler struct {
 	specNames []string
 	specProcs bool
 	specErr   error
-	held      []string // nodes whose failover is held, as last logged
+	held      []string      // nodes whose failover is held, as last logged
+	settle    time.Duration // a returning node settles this long; 0: DefaultSettle
+	maxMoves  int           // balance moves per plan; 0: DefaultMaxMoves
 }
 
 // lead campaigns with the node's lease and, once elected, schedules on
@@ -167,13 +170,37 @@ func StateOf(snap *Snapshot, names []string, procs bool) State {
 	return st
 }
 
+// DefaultSettle is how long a node that came back waits before balance
+// moves namespaces onto it; DefaultMaxMoves bounds balance moves per plan.
+const (
+	DefaultSettle   = 2 * time.Minute
+	DefaultMaxMoves = 100
+)
+
+// markSettling marks the nodes that came back within settle: a new lease
+// after a lost one, or a failover of their namespaces.
+func markSettling(st *State, snap *Snapshot, now time.Time, settle time.Duration) {
+	recent := func(t time.Time) bool { return !t.IsZero() && now.Sub(t) < settle }
+	for n, v := range st.Nodes {
+		info := snap.Nodes[n]
+		v.Settling = recent(info.Returned)
+		for _, f := range snap.Failovers {
+			v.Settling = v.Settling || f.Node == n && recent(f.Detected)
+		}
+		st.Nodes[n] = v
+	}
+}
+
 func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string, leaderRev int64) error {
 	names, ok := sc.names(snap)
 	if !ok && snap.Spec != nil {
 		return nil // a bad stored spec: change nothing
 	}
 	now := time.Now().UTC()
-	p := Schedule(StateOf(snap, names, sc.specProcs))
+	st := StateOf(snap, names, sc.specProcs)
+	st.MaxMoves = cmp.Or(sc.maxMoves, DefaultMaxMoves)
+	markSettling(&st, snap, now, cmp.Or(sc.settle, DefaultSettle))
+	p := Schedule(st)
 	sc.metrics.held(len(p.Held))
 	if len(p.Held) > 0 && !slices.Equal(p.Held, sc.held) {
 		sc.log.Warn("more than half of the nodes lost at once: their namespaces stay put (likelier the network or etcd); 'nsfleet cluster failover NODE' moves a node's", "held", p.Held)

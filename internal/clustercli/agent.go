@@ -22,7 +22,9 @@ import (
 func newAgent(g *globals) *cobra.Command {
 	var node, runDir, metricsAddr, dataDir, peerAddr string
 	var ttl, resync time.Duration
-	var capacity, workers int
+	var capacity, workers, maxMoves int
+	var rebalanceAfter time.Duration
+	watchdog := true
 	var allowProcs bool
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -99,7 +101,8 @@ nothing else.`,
 			m := cluster.NewMetrics(node)
 			a, err := cluster.NewAgent(cluster.AgentConfig{Node: node, Client: cli, RunDir: rd, LeaseTTL: ttl,
 				Capacity: capacity, AllowProcesses: allowProcs, Resync: resync, Workers: workers,
-				Log: g.log.With("node", node), Metrics: m, Version: Version, PeerAddr: peerAddr})
+				Log: g.log.With("node", node), Metrics: m, Version: Version, PeerAddr: peerAddr,
+				RebalanceAfter: rebalanceAfter, MaxMoves: maxMoves, NoWatchdog: !watchdog})
 			if err != nil {
 				return usageError{fmt.Errorf("agent: %w", err)}
 			}
@@ -128,6 +131,9 @@ nothing else.`,
 	f.StringVar(&dataDir, "data-dir", "/var/lib/nsfleet", "data of the embedded etcd (used without --etcd)")
 	f.IntVarP(&workers, "workers", "w", 0, "parallel workers (0: one per CPU)")
 	f.StringVar(&peerAddr, "peer-addr", "", "host:port on the node network where this agent answers its peers (announced in etcd); with it, an agent that loses etcd keeps serving while no peer reaches etcd either (failsafe); empty: it fences")
+	f.DurationVar(&rebalanceAfter, "rebalance-after", cluster.DefaultSettle, "when this agent schedules: a node that came back (new lease after a pause or partition) gets namespaces moved onto it by balance only after this long")
+	f.BoolVar(&watchdog, "watchdog", true, "run a watchdog process that sets this node's host veths down when the agent stops extending its deadline (stopped, frozen, or gone without a successor), at the moment the agent would have fenced")
+	f.IntVar(&maxMoves, "max-moves", cluster.DefaultMaxMoves, "when this agent schedules: most namespaces balance moves in one step (failover and drain are not bounded)")
 	return cmd
 }
 
@@ -150,6 +156,23 @@ func serveMetrics(addr string, m *cluster.Metrics, a *cluster.Agent) (closer, er
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	return srv, nil
+}
+
+func newWatchdog(g *globals) *cobra.Command {
+	var runDir string
+	var idle time.Duration
+	cmd := &cobra.Command{
+		Use:    "__watchdog",
+		Short:  "fence this node when its agent stops (started by the agent)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return cluster.RunWatchdog(cmd.Context(), cluster.WatchdogAddr(runDir), idle, g.log)
+		},
+	}
+	cmd.Flags().StringVar(&runDir, "run-dir", netns.DefaultRunDir, "the agent's run dir")
+	cmd.Flags().DurationVar(&idle, "idle", time.Minute, "exit when no agent extended the deadline for this long")
+	return cmd
 }
 
 func newEtcdMember(g *globals) *cobra.Command {

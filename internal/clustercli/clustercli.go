@@ -79,7 +79,7 @@ shows the cluster; 'nsfleet sim' makes a whole cluster on one machine.`,
 	pf.StringVar(&g.user, "etcd-user", "", "etcd user (authentication on); the password is read from $NSFLEET_ETCD_PASSWORD")
 	pf.DurationVar(&g.dialTimeout, "dial-timeout", cluster.DefaultDialTimeout, "how long an unreachable etcd may take to report")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log more")
-	root.AddCommand(newAgent(g), newCluster(g), newSim(g), newEtcdMember(g))
+	root.AddCommand(newAgent(g), newCluster(g), newSim(g), newEtcdMember(g), newWatchdog(g))
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)

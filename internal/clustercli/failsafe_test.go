@@ -142,3 +142,152 @@ func TestEtcdQuorumLoss(t *testing.T) {
 		}
 	}
 }
+
+// vethsUpByNode returns, per node, the host veths named with prefix that
+// are up in that node's kernel.
+func vethsUpByNode(t *testing.T, st *sim.State, prefix string) map[string]map[string]bool {
+	t.Helper()
+	out := map[string]map[string]bool{}
+	for _, n := range st.Nodes {
+		if n.Killed {
+			continue
+		}
+		h, err := netns.OpenPath(n.NetPin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		up := map[string]bool{}
+		err = rtnl.Inside(h, rtnl.OpenLite, func(c *rtnl.Conn) error {
+			links, err := c.Links()
+			for _, l := range links {
+				if strings.HasPrefix(l.Name, prefix) && l.Up {
+					up[l.Name] = true
+				}
+			}
+			return err
+		})
+		h.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[n.Name] = up
+	}
+	return out
+}
+
+// TestAgentPaused: one agent stopped (SIGSTOP) for two lease TTLs while
+// its node runs. Its watchdog sets its host veths down before its lease
+// can expire, so no router is up on two nodes at once for longer than the
+// stated bound (1 s); the survivors take its routers over; after it
+// resumes it tears down what moved and its routers move at most once
+// (nothing is handed back while it settles).
+func TestAgentPaused(t *testing.T) {
+	nstest.RequireRoot(t)
+	dir := filepath.Join(t.TempDir(), "sim")
+	ttl := 4 * time.Second
+	must(t, "sim", "up", "--nodes", "3", "--dir", dir, "--lease-ttl", ttl.String())
+	var paused int
+	t.Cleanup(func() {
+		if paused != 0 {
+			syscall.Kill(paused, syscall.SIGCONT)
+		}
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "agent.log"))
+			for _, l := range logs {
+				b, _ := os.ReadFile(l)
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				t.Logf("%s (last 25 lines):\n%s", l, strings.Join(lines[max(0, len(lines)-25):], "\n"))
+			}
+		}
+		if _, err := run(t, "sim", "down", "--dir", dir); err != nil {
+			t.Error(err)
+		}
+	})
+	st, err := sim.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NSFLEET_ETCD", "http://"+st.ProxyAddr)
+	prefix := nstest.Prefix(t)
+	const count = 30
+	specFile := filepath.Join(t.TempDir(), "up.yaml")
+	os.WriteFile(specFile, []byte(fmt.Sprintf(`namespaces:
+  - name: "%[1]sr-{i}"
+    count: %[2]d
+    veths:
+      - host: "%[1]sh{i}"
+        peer: qr
+        up: true
+        host_ipv6: false
+`, prefix, count)), 0o644)
+	must(t, "cluster", "apply", "-f", specFile)
+	waitFor(t, "every host veth up, status converged", 30*time.Second, func() string {
+		if _, up := hostVethsUp(t, st, prefix); up != count {
+			return fmt.Sprintf("%d of %d host veths up", up, count)
+		}
+		return converged(t)
+	})
+	victim, err := st.Node("node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := map[string]bool{} // router (host veth) -> was on node-1
+	for name := range vethsUpByNode(t, st, prefix)["node-1"] {
+		moved[name] = true
+	}
+	if len(moved) == 0 {
+		t.Fatal("node-1 serves nothing")
+	}
+
+	if err := syscall.Kill(victim.Agent.PID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	paused = victim.Agent.PID
+	const sample = 100 * time.Millisecond
+	twice := map[string]time.Duration{} // current run of samples up on two nodes
+	worstTwice, worstName := time.Duration(0), ""
+	watch := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(sample) {
+			seen := map[string]int{}
+			for _, up := range vethsUpByNode(t, st, prefix) {
+				for name := range up {
+					seen[name]++
+				}
+			}
+			for name := range moved {
+				if seen[name] > 1 {
+					twice[name] += sample
+					if twice[name] > worstTwice {
+						worstTwice, worstName = twice[name], name
+					}
+				} else {
+					twice[name] = 0
+				}
+			}
+		}
+	}
+	watch(2 * ttl)
+	syscall.Kill(paused, syscall.SIGCONT)
+	paused = 0
+	watch(2 * time.Second)
+	t.Logf("agent paused %s: longest a router was up on two nodes: %s (%s)", 2*ttl, worstTwice, worstName)
+	if worstTwice > time.Second {
+		t.Errorf("%s was up on two nodes for %s (bound 1 s)", worstName, worstTwice)
+	}
+	// The survivors serve node-1's routers; they stay there while node-1
+	// settles (moved once, not twice), and every router is up once.
+	waitFor(t, "converged after the pause", 30*time.Second, func() string { return converged(t) })
+	for end := time.Now().Add(2 * ttl); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		by := vethsUpByNode(t, st, prefix)
+		if n := len(by["node-1"]); n != 0 {
+			t.Fatalf("%d routers back on node-1 while it settles (moved twice)", n)
+		}
+		total := 0
+		for _, up := range by {
+			total += len(up)
+		}
+		if total != count {
+			t.Fatalf("%d host veths up for %d routers", total, count)
+		}
+	}
+}
