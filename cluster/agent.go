@@ -234,6 +234,8 @@ func (a *Agent) join(ctx context.Context) error {
 	a.lease = lease
 	a.renewed(time.Now(), a.cfg.LeaseTTL)
 	a.fenced.Store(false)
+	a.failsafe.Store(false)
+	a.cfg.Metrics.setFailsafe(false)
 	a.cfg.Metrics.setFenced(false)
 	a.joined.Store(true)
 	a.log.Info("joined", "lease", fmt.Sprintf("%x", int64(lease)), "ttl", a.cfg.LeaseTTL)

@@ -52,9 +52,12 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 			wait = min(wait, time.Until(deadline.Add(-a.fenceMargin())))
 		}
 		if !fenced && !failsafe && wait <= 0 {
-			if ok, why := a.failsafeHolds(ctx, a.fenceMargin()/2); ok {
+			// The watchdog fires half a margin later: the question must
+			// be answered before then.
+			if ok, why := a.failsafeHolds(ctx, a.fenceMargin()/4); ok {
 				failsafe = true
 				a.failsafe.Store(true)
+				a.dog.extend(3 * failsafeRetry)
 				stopWork()
 				a.log.Warn("lease not renewed, but no peer reaches etcd either: failsafe, serving what is here, changing nothing", "why", why)
 				out <- leaseFailsafe
@@ -90,6 +93,7 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 			}
 			sleep(ctx, time.Until(sent.Add(ttl/3)))
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			a.failsafe.Store(false)
 			out <- leaseLost
 			return
 		default:
@@ -104,12 +108,16 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 }
 
 // renewed records a renewal sent at sent that etcd acknowledged with ttl
-// left: the new fence point, and the watchdog's deadline.
+// left: the new fence point (the earliest expiry minus the fence margin),
+// and the watchdog's deadline, half a margin later: time enough for the
+// agent to ask its peers at the fence point and, in failsafe, extend it
+// (see keepalive), while a stopped agent is still fenced half a margin
+// before its lease can expire.
 func (a *Agent) renewed(sent time.Time, ttl time.Duration) {
 	a.lastRenewal.Store(sent.UnixNano())
 	point := sent.Add(ttl - a.fenceMargin())
 	a.fencePoint.Store(point.UnixNano())
-	a.dog.extend(time.Until(point))
+	a.dog.extend(time.Until(point.Add(a.fenceMargin() / 2)))
 }
 
 // pastFencePoint reports whether the lease may expire within the fence

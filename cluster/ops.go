@@ -293,7 +293,9 @@ func Status(ctx context.Context, cli *clientv3.Client) (*Report, error) {
 	}
 	held := map[string]bool{}
 	if len(s.Assign) > 0 {
-		for _, n := range Schedule(StateOf(s, nil, false)).Held {
+		st := StateOf(s, nil, false)
+		markSettling(&st, s, time.Now(), DefaultSettle)
+		for _, n := range Schedule(st).Held {
 			held[n] = true
 		}
 	}

@@ -18,6 +18,9 @@ type NodeView struct {
 	// until its membership has been stable, so that one blip moves
 	// routers once, not twice.
 	Settling bool
+	// Returned: the node came back with a new lease within the last
+	// lease TTL: for the mass-loss rule it was lost in that window.
+	Returned bool
 }
 
 // State is one consistent read of the cluster.
@@ -222,24 +225,32 @@ func Schedule(s State) Plan {
 }
 
 // massLoss reports whether more than half of the nodes that hold an
-// assignment or a lease are dead (hold an assignment, no lease).
+// assignment or a lease were lost within one lease TTL: dead now (an
+// assignment, no lease), or back with a new lease within the TTL (leases
+// revoked together, say by an etcd leader that resumed after a pause,
+// come back one node at a time).
 func massLoss(s State) bool {
 	dead, total := 0, 0
 	for _, v := range s.Nodes {
 		if v.Alive {
 			total++
+			if v.Returned {
+				dead++
+			}
 		}
 	}
+	lost := 0
 	for node, a := range s.Assign {
 		if v, ok := s.Nodes[node]; ok && v.Alive {
 			continue
 		}
 		if len(a.Names)+len(a.Releasing) > 0 {
 			dead++
+			lost++
 			total++
 		}
 	}
-	return 2*dead > total
+	return lost > 0 && 2*dead > total
 }
 
 func equal(a, b []string) bool {

@@ -267,3 +267,22 @@ func TestScheduleNoFlapping(t *testing.T) {
 	}
 	checkOnce(t, s, applyPlan(s, p), 0)
 }
+
+// Leases revoked together (an etcd leader that resumed after a pause)
+// come back one node at a time: the last one still lost counts with the
+// ones back within the TTL, and nothing moves.
+func TestScheduleMassLossWithinTTL(t *testing.T) {
+	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s.Assign = applyPlan(s, Schedule(s))
+	s.Nodes["a"] = NodeView{Alive: true, Converged: true, Returned: true}
+	s.Nodes["b"] = NodeView{Alive: true, Converged: true, Returned: true}
+	delete(s.Nodes, "c")
+	if p := Schedule(s); p.Changed() || len(p.Held) != 1 {
+		t.Fatalf("c lost with a and b back within the TTL: plan %+v, want c held", p)
+	}
+	// Later, a and b long back: c alone is lost, it fails over.
+	s.Nodes = alive("a", "b")
+	if p := Schedule(s); p.Orphaned["c"] != 3 {
+		t.Fatalf("c lost alone: plan %+v", p)
+	}
+}

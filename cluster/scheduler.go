@@ -184,6 +184,7 @@ func markSettling(st *State, snap *Snapshot, now time.Time, settle time.Duration
 	for n, v := range st.Nodes {
 		info := snap.Nodes[n]
 		v.Settling = recent(info.Returned)
+		v.Returned = !info.Returned.IsZero() && now.Sub(info.Returned) < time.Duration(info.LeaseTTL*float64(time.Second))
 		for _, f := range snap.Failovers {
 			v.Settling = v.Settling || f.Node == n && recent(f.Detected)
 		}

@@ -210,25 +210,49 @@ func (st *State) start(name string, args []string, netPin, mntPin, log string) (
 }
 
 func (st *State) startMembers() error {
-	var cluster []string
 	for k := 1; k <= 3; k++ {
-		cluster = append(cluster, fmt.Sprintf("m%d=http://%s:2380", k, MemberAddr(k)))
-	}
-	for k := 1; k <= 3; k++ {
-		name := fmt.Sprintf("m%d", k)
-		data := filepath.Join(st.Dir, "etcd", name)
-		if err := os.MkdirAll(data, 0o700); err != nil {
-			return err
-		}
-		d, err := st.start("etcd "+name, []string{"__etcd-member", "--name", name, "--data-dir", data,
-			"--client", "http://" + MemberAddr(k) + ":2379", "--peer", "http://" + MemberAddr(k) + ":2380",
-			"--initial-cluster", strings.Join(cluster, ",")}, st.HubPin, "", filepath.Join(data, "member.log"))
+		d, err := st.startMember(k)
 		if err != nil {
 			return err
 		}
 		st.Members = append(st.Members, d)
 	}
 	return nil
+}
+
+// startMember starts etcd member k (1..3) in the hub, on its data dir.
+func (st *State) startMember(k int) (Daemon, error) {
+	var cluster []string
+	for j := 1; j <= 3; j++ {
+		cluster = append(cluster, fmt.Sprintf("m%d=http://%s:2380", j, MemberAddr(j)))
+	}
+	name := fmt.Sprintf("m%d", k)
+	data := filepath.Join(st.Dir, "etcd", name)
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		return Daemon{}, err
+	}
+	return st.start("etcd "+name, []string{"__etcd-member", "--name", name, "--data-dir", data,
+		"--client", "http://" + MemberAddr(k) + ":2379", "--peer", "http://" + MemberAddr(k) + ":2380",
+		"--initial-cluster", strings.Join(cluster, ",")}, st.HubPin, "", filepath.Join(data, "member.log"))
+}
+
+// RestartMember kills etcd member k (1..3) with SIGKILL and starts it
+// again on its data: a crashed member that comes back.
+func RestartMember(dir string, k int) error {
+	st, err := Load(dir)
+	if err != nil {
+		return err
+	}
+	if k < 1 || k > len(st.Members) {
+		return fmt.Errorf("sim: no etcd member %d", k)
+	}
+	st.Members[k-1].kill(syscall.SIGKILL, 5*time.Second)
+	d, err := st.startMember(k)
+	if err != nil {
+		return fmt.Errorf("sim: restart etcd member %d: %w", k, err)
+	}
+	st.Members[k-1] = d
+	return st.save()
 }
 
 func (st *State) startProxy() error {

@@ -1,14 +1,17 @@
 package clustercli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nsfleet/nsfleet/cluster"
 	"github.com/nsfleet/nsfleet/cluster/sim"
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"github.com/nsfleet/nsfleet/netns"
@@ -44,6 +47,38 @@ func hostVethsUp(t *testing.T, st *sim.State, prefix string) (map[string]int, in
 		}
 	}
 	return out, total
+}
+
+// etcdLeader returns the index (1..3) of the sim's etcd leader.
+func etcdLeader(t *testing.T, st *sim.State) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ep := "http://" + st.ProxyAddr
+	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: []string{ep}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	status, err := cli.Status(ctx, ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	members, err := cli.MemberList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range members.Members {
+		if m.ID == status.Leader {
+			k, err := strconv.Atoi(strings.TrimPrefix(m.Name, "m"))
+			if err != nil {
+				t.Fatalf("leader %q: %v", m.Name, err)
+			}
+			return k
+		}
+	}
+	t.Fatalf("no leader among %v", members.Members)
+	return 0
 }
 
 // TestEtcdQuorumLoss: etcd loses quorum for three lease TTLs while every
@@ -102,8 +137,13 @@ func TestEtcdQuorumLoss(t *testing.T) {
 		before[n.Name] = pinCookies(t, st, n.Name)
 	}
 
-	// Quorum lost: two of the three members stopped.
-	for _, m := range st.Members[1:] {
+	// Quorum lost: two of the three members stopped, the leader among
+	// them (the harder case: a leader that resumes revokes the leases
+	// that expired by its clock while it was stopped).
+	leader := etcdLeader(t, st)
+	victims := []sim.Daemon{st.Members[leader-1], st.Members[leader%3]}
+	t.Logf("stopping etcd members m%d (the leader) and m%d", leader, leader%3+1)
+	for _, m := range victims {
 		if err := syscall.Kill(m.PID, syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}

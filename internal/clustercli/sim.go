@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -48,8 +50,148 @@ NSFLEET_ETCD that reaches them from here.`,
 		simNodeOp(g, &dir, need, "restart", "Kill NODE's agent (SIGKILL) and start a new one in the same node", sim.Restart),
 		simNodeOp(g, &dir, need, "partition", "Cut NODE's network path to etcd; its agent keeps running", sim.Partition),
 		simNodeOp(g, &dir, need, "heal", "Restore NODE's network path to etcd", sim.Heal),
-		simProxy())
+		simCampaign(g, &dir, need), simProxy())
 	return cmd
+}
+
+func simCampaign(g *globals, dir *string, need func(string) error) *cobra.Command {
+	var o sim.CampaignOptions
+	var output, faults string
+	cmd := &cobra.Command{
+		Use:   "campaign --dir DIR [--duration D] [--seed N]",
+		Short: "Random faults for a while, checked against every node's kernel",
+		Long: `campaign is a nemesis: for --duration it applies random faults to the sim,
+one at a time (apply, hold one to three lease TTLs, undo, wait until settled):
+kill a node and add a new one, partition a node and heal it, pause an agent
+and resume it, stop one etcd member, stop two (quorum lost), restart an agent,
+kill an etcd member and restart it. A checker samples every node's kernel
+every 100 ms (which routers have their host veth up where; not etcd) and
+reports every router up on two nodes for longer than --double-bound, and
+every router up on no node for longer than --absent-bound (default the lease
+TTL plus 5 s). Exit 1 on any violation.
+
+The routers are the stored spec's namespaces, each watched by its first
+veth's host end: apply a spec whose veths are up first. --plant makes one
+violation on purpose (a router's host veth made up by hand on a second node
+for 3 s): the run succeeds only if the checker reports it.`,
+		Example: `  nsfleet sim up --nodes 3 --dir /tmp/sim && export $(cat /tmp/sim/etcd.env)
+  nsfleet cluster apply -f routers-up.yaml
+  nsfleet sim campaign --dir /tmp/sim --duration 30m --seed 7`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := need("campaign"); err != nil {
+				return err
+			}
+			st, err := sim.Load(*dir)
+			if err != nil {
+				return fmt.Errorf("sim campaign: %w", err)
+			}
+			if st.LeaseTTL != "" {
+				if o.TTL, err = time.ParseDuration(st.LeaseTTL); err != nil {
+					return fmt.Errorf("sim campaign: lease TTL %q: %w", st.LeaseTTL, err)
+				}
+			}
+			if faults != "" {
+				for _, f := range strings.Split(faults, ",") {
+					if !slices.Contains(sim.AllFaults, sim.Fault(f)) {
+						return usageError{fmt.Errorf("sim campaign: unknown fault %q (known: %v)", f, sim.AllFaults)}
+					}
+					o.Faults = append(o.Faults, sim.Fault(f))
+				}
+			}
+			cli, err := cluster.Connect(cmd.Context(), g.clientConfig([]string{"http://" + st.ProxyAddr}))
+			if err != nil {
+				return fmt.Errorf("sim campaign: %w", err)
+			}
+			snap, err := cluster.Read(cmd.Context(), cli)
+			cli.Close()
+			if err != nil {
+				return fmt.Errorf("sim campaign: %w", err)
+			}
+			if snap.Spec == nil {
+				return fmt.Errorf("sim campaign: no spec applied: apply one whose veths are up first")
+			}
+			f, err := snap.Spec.ParseSpec()
+			if err != nil {
+				return fmt.Errorf("sim campaign: stored spec: %w", err)
+			}
+			o.Routers = map[string]string{}
+			for _, ns := range f.Namespaces {
+				if len(ns.Veths) > 0 {
+					o.Routers[ns.Veths[0].Host] = ns.Name
+				}
+			}
+			o.Dir = *dir
+			o.Log = func(f string, a ...any) { fmt.Fprintf(g.stderr, f+"\n", a...) }
+			rep, err := sim.Campaign(cmd.Context(), o)
+			if rep != nil {
+				if output == "json" {
+					enc := json.NewEncoder(g.stdout)
+					enc.SetIndent("", "  ")
+					enc.Encode(rep)
+				} else {
+					printCampaign(g.stdout, rep, o)
+				}
+			}
+			if err != nil {
+				return err
+			}
+			if !rep.OK() {
+				return fmt.Errorf("sim campaign: violations found")
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.DurationVar(&o.Duration, "duration", 3*time.Minute, "how long to apply faults")
+	fl.Uint64Var(&o.Seed, "seed", 1, "random seed (the same seed, the same faults)")
+	fl.StringVar(&faults, "faults", "", "comma-separated faults to choose from (default all: "+fmt.Sprint(sim.AllFaults)+")")
+	fl.DurationVar(&o.DoubleBound, "double-bound", time.Second, "longest a router may be up on two nodes")
+	fl.DurationVar(&o.AbsentBound, "absent-bound", 0, "longest a router may be up on no node (0: lease TTL + 5s)")
+	fl.BoolVar(&o.Plant, "plant", false, "plant one violation to show the checker catches it")
+	fl.StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
+}
+
+func printCampaign(w io.Writer, r *sim.CampaignReport, o sim.CampaignOptions) {
+	var faults []string
+	total := 0
+	for _, f := range sim.AllFaults {
+		if n := r.Faults[f]; n > 0 {
+			faults = append(faults, fmt.Sprintf("%s %d", f, n))
+			total += n
+		}
+	}
+	fmt.Fprintf(w, "campaign: seed %d, %s, %d routers, %d faults (%s), %d samples\n",
+		r.Seed, r.Duration.Round(time.Second), r.Routers, total, strings.Join(faults, ", "), r.Samples)
+	fmt.Fprintf(w, "worst up on two nodes: %s (bound %s)\n", orNone(r.WorstDouble), o.DoubleBound)
+	fmt.Fprintf(w, "worst up on no node:   %s\n", orNone(r.WorstAbsent))
+	for _, f := range sim.AllFaults {
+		if d, ok := r.SettleTimes[f]; ok {
+			fmt.Fprintf(w, "longest settle after %s: %s\n", f, d.Round(time.Millisecond))
+		}
+	}
+	for _, u := range r.Unsettled {
+		fmt.Fprintf(w, "UNSETTLED %s\n", u)
+	}
+	for _, v := range r.Violations {
+		fmt.Fprintf(w, "VIOLATION %s\n", v)
+	}
+	if r.Planted != "" {
+		fmt.Fprintf(w, "planted violation on %s: caught %v\n", r.Planted, r.Caught)
+	}
+	verdict := "no violation"
+	if !r.OK() {
+		verdict = fmt.Sprintf("%d violations, %d unsettled", len(r.Violations), len(r.Unsettled))
+	}
+	fmt.Fprintf(w, "campaign: %s\n", verdict)
+}
+
+func orNone(w sim.Window) string {
+	if w.Router == "" {
+		return "none"
+	}
+	return w.String()
 }
 
 func simUp(g *globals, dir *string, need func(string) error) *cobra.Command {
