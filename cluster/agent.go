@@ -71,18 +71,22 @@ type Agent struct {
 	joined   atomic.Bool
 	fenced   atomic.Bool
 	failsafe atomic.Bool // serving without the lease renewed (failsafe.go)
-	// lastRenewal: when the last acknowledged renewal was sent (UnixNano).
-	lastRenewal atomic.Int64
-	peers       peerBook
-	lostLease   bool // this agent held a lease before and lost it
+	// lastQuorum: when etcd last answered a renewal and a linearizable
+	// read (UnixNano): it had a quorum then. What peers are told.
+	lastQuorum atomic.Int64
+	peers      peerBook
+	lostLease  bool // this agent held a lease before and lost it
 	// fencePoint (UnixNano) is when the agent must stop acting unless
 	// its lease was renewed: the earliest expiry minus the fence margin.
 	// Checked before every reconcile, so that an agent that resumes
 	// after a stop does nothing before its keepalive has caught up.
 	fencePoint atomic.Int64
 	dog        *watchdogLink
-	statusMu   sync.Mutex
-	status     NodeStatus
+	// servedVeths: the host veths of what the node serves, as last
+	// reconciled, for the rejoin guard (read from its goroutine).
+	servedVeths atomic.Pointer[[]string]
+	statusMu    sync.Mutex
+	status      NodeStatus
 
 	desired desired // what the cluster asks of this node (watch.go)
 	held    held    // what this node holds (reconcile.go)
@@ -161,8 +165,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.sup.ctx = ctx
 	defer a.sup.stop()
 	learned := false
+	stopGuard := func() {}
+	defer func() { stopGuard() }()
 	for ctx.Err() == nil {
+		if a.lostLease {
+			stopGuard = a.guardRejoin(ctx)
+		}
 		err := a.join(ctx)
+		if err == nil {
+			stopGuard()
+			stopGuard = func() {}
+		}
 		if err == nil && !learned {
 			a.learnAll()
 			learned = true
@@ -233,6 +246,7 @@ func (a *Agent) join(ctx context.Context) error {
 	}
 	a.lease = lease
 	a.renewed(time.Now(), a.cfg.LeaseTTL)
+	a.lastQuorum.Store(time.Now().UnixNano()) // the join's reads and writes
 	a.fenced.Store(false)
 	a.failsafe.Store(false)
 	a.cfg.Metrics.setFailsafe(false)
@@ -293,6 +307,31 @@ func (a *Agent) serve(ctx context.Context) {
 			a.reconcile(ctx, OnResync)
 		}
 	}
+}
+
+// guardRejoin watches over the node while an agent that lost its lease
+// tries to join again: as long as every peer answers and none reaches etcd
+// (failsafe), nobody can take its namespaces over and it keeps the
+// watchdog from fencing; as soon as that no longer holds, it sets the host
+// veths down. The returned func stops it.
+func (a *Agent) guardRejoin(ctx context.Context) func() {
+	gctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for down := false; gctx.Err() == nil && !down; sleep(gctx, failsafeRetry) {
+			if ok, _ := a.failsafeHolds(gctx, failsafeRetry); ok {
+				a.dog.extend(3 * failsafeRetry)
+				continue
+			}
+			if vs := a.servedVeths.Load(); vs != nil {
+				n := setHostVethsDown(*vs)
+				a.log.Warn("rejoining without a lease while a peer reaches etcd (or does not answer): host veths set down", "veths_down", n)
+			}
+			down = true
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // campaign takes part in the scheduler election for this lease's epoch.

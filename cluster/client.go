@@ -40,6 +40,10 @@ func (c ClientConfig) Where() string { return strings.Join(c.Endpoints, ",") }
 // Connect opens a client and proves etcd answers (one read) within the
 // dial timeout, so that an unreachable etcd is an error here and not a
 // hang later.
+// ErrNoAnswer is matched by errors.Is when etcd did not answer Connect's
+// first request in time: a transient fault that a daemon waits out.
+var ErrNoAnswer = errors.New("no answer")
+
 func Connect(ctx context.Context, c ClientConfig) (*clientv3.Client, error) {
 	if len(c.Endpoints) == 0 {
 		return nil, errors.New("no etcd endpoints")
@@ -69,7 +73,7 @@ func Connect(ctx context.Context, c ClientConfig) (*clientv3.Client, error) {
 	if _, err := cli.Get(pctx, KeySchema); err != nil {
 		cli.Close()
 		if errors.Is(err, context.DeadlineExceeded) || pctx.Err() != nil {
-			return nil, fmt.Errorf("etcd %s: no answer within %s (is it running and reachable? set --etcd or NSFLEET_ETCD)", c.Where(), c.dialTimeout())
+			return nil, fmt.Errorf("etcd %s: %w within %s (is it running and reachable? set --etcd or NSFLEET_ETCD)", c.Where(), ErrNoAnswer, c.dialTimeout())
 		}
 		return nil, fmt.Errorf("etcd %s: %w", c.Where(), err)
 	}

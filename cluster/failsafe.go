@@ -26,13 +26,14 @@ const PeerPath = "/v1/peer"
 // PeerAnswer is what an agent tells a peer about itself.
 type PeerAnswer struct {
 	Node string `json:"node"`
-	// ReachesEtcd: its lease was renewed within one renewal period (TTL/3)
-	// plus 250 ms. Longer would count a peer that lost etcd a moment
+	// ReachesEtcd: its lease was renewed, and etcd answered a
+	// linearizable read (it had a quorum), within one renewal period
+	// (TTL/3) plus 250 ms. Longer would count a peer that lost etcd a moment
 	// after this node did as reaching it; a peer whose renewal is merely
 	// slow says false until it succeeds, and the asking node, which asks
 	// again every failsafeRetry, fences then.
 	ReachesEtcd bool      `json:"reaches_etcd"`
-	LastRenewal time.Time `json:"last_renewal"`
+	LastQuorum  time.Time `json:"last_quorum"`
 }
 
 // PeerHandler answers peers' questions about this agent.
@@ -46,9 +47,9 @@ func (a *Agent) PeerHandler() http.Handler {
 }
 
 func (a *Agent) peerAnswer() PeerAnswer {
-	last := time.Unix(0, a.lastRenewal.Load())
-	return PeerAnswer{Node: a.cfg.Node, LastRenewal: last.UTC(),
-		ReachesEtcd: a.lastRenewal.Load() != 0 && time.Since(last) < a.cfg.LeaseTTL/3+250*time.Millisecond}
+	last := time.Unix(0, a.lastQuorum.Load())
+	return PeerAnswer{Node: a.cfg.Node, LastQuorum: last.UTC(),
+		ReachesEtcd: a.lastQuorum.Load() != 0 && time.Since(last) < a.cfg.LeaseTTL/3+250*time.Millisecond}
 }
 
 // servePeers listens on the configured peer address until ctx ends.
@@ -111,9 +112,13 @@ func (b *peerBook) remove(node string) {
 	b.mu.Unlock()
 }
 
+// snapshot copies the book; nil when no node keys were read yet.
 func (b *peerBook) snapshot() map[string]string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.peers == nil {
+		return nil
+	}
 	m := make(map[string]string, len(b.peers))
 	for k, v := range b.peers {
 		m[k] = v
@@ -143,6 +148,9 @@ func FailsafeVerdict(peers []string, answers map[string]*PeerAnswer) (bool, stri
 // askPeers asks every known peer, in parallel, within timeout.
 func (a *Agent) askPeers(ctx context.Context, timeout time.Duration) (bool, string) {
 	book := a.peers.snapshot()
+	if book == nil {
+		return false, "peers unknown (no node keys read yet)"
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var mu sync.Mutex

@@ -86,6 +86,15 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 		case err == nil:
 			deadline = sent.Add(time.Duration(resp.TTL) * time.Second)
 			a.renewed(sent, time.Duration(resp.TTL)*time.Second)
+			// A renewal is answered by the leader alone, which may have
+			// lost its quorum and not know it yet; a linearizable read
+			// needs the quorum. Only that counts as reaching etcd for the
+			// peers' failsafe question: nobody can take over without it.
+			rctx, rcancel := context.WithTimeout(ctx, min(ttl/3, time.Second))
+			if _, err := a.cli.Get(rctx, KeySchema); err == nil {
+				a.lastQuorum.Store(sent.UnixNano())
+			}
+			rcancel()
 			if fenced || failsafe {
 				fenced, failsafe = false, false
 				a.failsafe.Store(false)
@@ -114,7 +123,6 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 // (see keepalive), while a stopped agent is still fenced half a margin
 // before its lease can expire.
 func (a *Agent) renewed(sent time.Time, ttl time.Duration) {
-	a.lastRenewal.Store(sent.UnixNano())
 	point := sent.Add(ttl - a.fenceMargin())
 	a.fencePoint.Store(point.UnixNano())
 	a.dog.extend(time.Until(point.Add(a.fenceMargin() / 2)))

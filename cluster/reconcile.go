@@ -109,7 +109,9 @@ func (a *Agent) reconcile(ctx context.Context, t Trigger) {
 	}
 	a.bringUp(ctx, dec, &fail)
 	a.sup.keep(a, dec.Supervise)
-	a.dog.setVeths(hostVeths(a.desired.fleet, dec.Want))
+	served := hostVeths(a.desired.fleet, dec.Want)
+	a.servedVeths.Store(&served)
+	a.dog.setVeths(served)
 	for n := range a.held.applied {
 		if !isIn(dec.Want, n) {
 			delete(a.held.applied, n)

@@ -60,7 +60,15 @@ type CampaignOptions struct {
 	// hand, up, on a second node, for 3 s) to show that the checker sees
 	// it.
 	Plant bool
-	Log   func(format string, a ...any)
+	// Healthy, if set, says what keeps the control plane from being
+	// healthy ("" when it is): after a fault the next one waits for it
+	// too, so that faults do not pile up unseen (an agent in failsafe
+	// keeps the kernels right while etcd is still out).
+	Healthy func() string
+	Log     func(format string, a ...any)
+	// Trace, if set, is told every change of where a router is up, and
+	// every fault, with the time: the timeline behind a violation.
+	Trace func(line string)
 }
 
 // Window is one stretch of time during which a router was up on two nodes
@@ -75,7 +83,7 @@ type Window struct {
 }
 
 func (w Window) String() string {
-	s := fmt.Sprintf("%s %s for %s during %s", w.Router, w.Kind, w.Length.Round(time.Millisecond), w.During)
+	s := fmt.Sprintf("%s %s for %s from %s during %s", w.Router, w.Kind, w.Length.Round(time.Millisecond), w.Start.Format("15:04:05.0"), w.During)
 	if len(w.Nodes) > 0 {
 		s += " on " + strings.Join(w.Nodes, "+")
 	}
@@ -119,11 +127,15 @@ type checker struct {
 	double map[string]*Window
 	absent map[string]*Window
 	report *CampaignReport
+	where  map[string]string // router -> nodes up, as last traced
 }
 
 func (c *checker) setNodes(st *State, during string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.o.Trace != nil && during != "" && during != c.during {
+		c.o.Trace(time.Now().Format("15:04:05.000") + " -- " + during)
+	}
 	c.nodes = c.nodes[:0]
 	for _, n := range st.Nodes {
 		if !n.Killed {
@@ -168,6 +180,13 @@ func (c *checker) sample(now time.Time) {
 	c.report.Samples++
 	for _, r := range c.o.Routers {
 		nodes := up[r]
+		if c.o.Trace != nil {
+			slices.Sort(nodes)
+			if w := strings.Join(nodes, "+"); w != c.where[r] {
+				c.where[r] = w
+				c.o.Trace(fmt.Sprintf("%s %s up on [%s]", now.Format("15:04:05.000"), r, w))
+			}
+		}
 		c.track(c.double, r, "double", len(nodes) > 1, nodes, now, c.o.DoubleBound, &c.report.WorstDouble)
 		c.track(c.absent, r, "absent", len(nodes) == 0, nil, now, c.o.AbsentBound, &c.report.WorstAbsent)
 	}
@@ -245,7 +264,7 @@ func Campaign(ctx context.Context, o CampaignOptions) (*CampaignReport, error) {
 		return nil, err
 	}
 	rep := &CampaignReport{Seed: o.Seed, Routers: len(o.Routers), Faults: map[Fault]int{}, SettleTimes: map[Fault]time.Duration{}}
-	c := &checker{o: o, double: map[string]*Window{}, absent: map[string]*Window{}, report: rep, during: "start"}
+	c := &checker{o: o, double: map[string]*Window{}, absent: map[string]*Window{}, report: rep, during: "start", where: map[string]string{}}
 	c.setNodes(st, "start")
 	if bad := c.settled(); bad != "" {
 		return nil, fmt.Errorf("campaign: the cluster is not settled before the first fault: %s", bad)
@@ -286,6 +305,7 @@ func Campaign(ctx context.Context, o CampaignOptions) (*CampaignReport, error) {
 		if err := n.apply(ctx, f); err != nil {
 			stop()
 			wg.Wait()
+			rep.Duration = time.Since(start)
 			return rep, fmt.Errorf("campaign: %s: %w", f, err)
 		}
 	}
@@ -403,11 +423,23 @@ func (n *nemesis) apply(ctx context.Context, f Fault) error {
 		return err
 	}
 	n.reload("settling after " + label)
+	// Settled: every router up on exactly one node and the control plane
+	// healthy, and still so one lease TTL later (what a fault sets off,
+	// such as leases revoked when etcd returns, shows within a TTL).
 	start := time.Now()
+	var since time.Time
 	for {
 		bad := n.c.settled()
-		if bad == "" {
+		if bad == "" && n.o.Healthy != nil {
+			bad = n.o.Healthy()
+		}
+		switch {
+		case bad != "":
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
 			n.rep.SettleTimes[f] = max(n.rep.SettleTimes[f], time.Since(start))
+		case time.Since(since) >= n.o.TTL:
 			return nil
 		}
 		if time.Since(start) > n.o.Settle || ctx.Err() != nil {

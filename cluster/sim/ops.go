@@ -247,9 +247,20 @@ func RestartMember(dir string, k int) error {
 		return fmt.Errorf("sim: no etcd member %d", k)
 	}
 	st.Members[k-1].kill(syscall.SIGKILL, 5*time.Second)
-	d, err := st.startMember(k)
-	if err != nil {
-		return fmt.Errorf("sim: restart etcd member %d: %w", k, err)
+	// The old member's sockets can outlive it for a moment: a member
+	// that dies at once for want of its port is started again.
+	var d Daemon
+	for try := 0; ; try++ {
+		if d, err = st.startMember(k); err != nil {
+			return fmt.Errorf("sim: restart etcd member %d: %w", k, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if d.alive() {
+			break
+		}
+		if try == 10 {
+			return fmt.Errorf("sim: restart etcd member %d: it exits at once: %s", k, lastLines(filepath.Join(st.Dir, "etcd", fmt.Sprintf("m%d", k), "member.log")))
+		}
 	}
 	st.Members[k-1] = d
 	return st.save()

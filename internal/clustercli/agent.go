@@ -84,7 +84,15 @@ nothing else.`,
 				defer srv.Close()
 				g.log.Info("embedded etcd serving on loopback", "client", DefaultEtcd, "data", dataDir)
 			}
+			// A service waits for etcd: an agent started (or restarted)
+			// while etcd is down must come up when it does, and its
+			// namespaces are left alone meanwhile.
 			cli, err := cluster.Connect(ctx, g.clientConfig(eps))
+			for errors.Is(err, cluster.ErrNoAnswer) && ctx.Err() == nil {
+				g.log.Warn("agent: waiting for etcd", "err", err)
+				time.Sleep(time.Second)
+				cli, err = cluster.Connect(ctx, g.clientConfig(eps))
+			}
 			if err != nil {
 				return fmt.Errorf("agent: %w", err)
 			}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -56,7 +57,7 @@ NSFLEET_ETCD that reaches them from here.`,
 
 func simCampaign(g *globals, dir *string, need func(string) error) *cobra.Command {
 	var o sim.CampaignOptions
-	var output, faults string
+	var output, faults, trace string
 	cmd := &cobra.Command{
 		Use:   "campaign --dir DIR [--duration D] [--seed N]",
 		Short: "Random faults for a while, checked against every node's kernel",
@@ -103,8 +104,25 @@ for 3 s): the run succeeds only if the checker reports it.`,
 			if err != nil {
 				return fmt.Errorf("sim campaign: %w", err)
 			}
+			defer cli.Close()
+			o.Healthy = func() string {
+				ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Second)
+				defer cancel()
+				r, err := cluster.Status(ctx, cli)
+				if err != nil {
+					return "etcd: " + err.Error()
+				}
+				if r.Unassigned > 0 {
+					return fmt.Sprintf("%d unassigned", r.Unassigned)
+				}
+				for _, n := range r.Nodes {
+					if n.Alive && (!n.Converged || n.Fenced) {
+						return n.Name + " not converged"
+					}
+				}
+				return ""
+			}
 			snap, err := cluster.Read(cmd.Context(), cli)
-			cli.Close()
 			if err != nil {
 				return fmt.Errorf("sim campaign: %w", err)
 			}
@@ -122,6 +140,19 @@ for 3 s): the run succeeds only if the checker reports it.`,
 				}
 			}
 			o.Dir = *dir
+			if trace != "" {
+				tf, err := os.Create(trace)
+				if err != nil {
+					return fmt.Errorf("sim campaign: %w", err)
+				}
+				defer tf.Close()
+				var mu sync.Mutex
+				o.Trace = func(line string) {
+					mu.Lock()
+					fmt.Fprintln(tf, line)
+					mu.Unlock()
+				}
+			}
 			o.Log = func(f string, a ...any) { fmt.Fprintf(g.stderr, f+"\n", a...) }
 			rep, err := sim.Campaign(cmd.Context(), o)
 			if rep != nil {
@@ -149,6 +180,7 @@ for 3 s): the run succeeds only if the checker reports it.`,
 	fl.DurationVar(&o.DoubleBound, "double-bound", time.Second, "longest a router may be up on two nodes")
 	fl.DurationVar(&o.AbsentBound, "absent-bound", 0, "longest a router may be up on no node (0: lease TTL + 5s)")
 	fl.BoolVar(&o.Plant, "plant", false, "plant one violation to show the checker catches it")
+	fl.StringVar(&trace, "trace", "", "write every fault and every change of where a router is up, with the time, to this file")
 	fl.StringVarP(&output, "output", "o", "text", "text or json")
 	return cmd
 }
