@@ -219,6 +219,7 @@ type routeTemplate struct {
 
 // lines holds the source line of each template and of each of its veths/routes.
 type lines struct {
+	empty    int // line of the first empty entry of the list; 0: none
 	template []int
 	veth     [][]int
 	route    [][]int
@@ -226,6 +227,14 @@ type lines struct {
 
 // Parse parses and validates a spec, then expands it.
 func Parse(path string, data []byte, opts Options) (*Fleet, error) {
+	if items, ok := splitItems(data); ok {
+		return parseItems(path, data, items, opts)
+	}
+	return parseWhole(path, data, opts)
+}
+
+// parseWhole parses the spec as one document (see stream.go for when).
+func parseWhole(path string, data []byte, opts Options) (*Fleet, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, yamlError(path, err)
@@ -243,6 +252,9 @@ func Parse(path string, data []byte, opts Options) (*Fleet, error) {
 		return nil, &Error{File: path, Line: 1, Msg: "no namespaces declared: want a top-level 'namespaces:' list"}
 	}
 	ln := findLines(&doc, len(f.Namespaces))
+	if ln.empty > 0 {
+		return nil, &Error{File: path, Line: ln.empty, Msg: errEmptyEntry}
+	}
 	return expandAll(path, f, ln, opts)
 }
 
@@ -284,6 +296,9 @@ func findLines(doc *yaml.Node, n int) lines {
 		return ln
 	}
 	for i, item := range seq.Content {
+		if emptyEntry(item) && ln.empty == 0 {
+			ln.empty = item.Line
+		}
 		if i >= n {
 			break
 		}
@@ -324,74 +339,112 @@ func lineAt(ls []int, i, fallback int) int {
 // expandAll validates every template, then produces the namespaces, checking
 // names produced by different templates against each other.
 func expandAll(path string, f file, ln lines, opts Options) (*Fleet, error) {
-	limit := opts.MaxNamespaces
-	if limit <= 0 || limit > MaxCount {
-		limit = MaxCount
-	}
+	limit := maxNamespaces(opts)
 	total := 0
-	for ti, t := range f.Namespaces {
-		line := ln.template[ti]
-		bad := func(format string, a ...any) error {
-			return &Error{File: path, Line: line, Msg: fmt.Sprintf("template %q: ", t.Name) + fmt.Sprintf(format, a...)}
-		}
-		if t.Name == "" {
-			return nil, bad("missing 'name'")
-		}
-		count := 1
-		if t.Count != nil {
-			count = *t.Count
-		}
-		if count < 0 {
-			return nil, bad("count %d is negative", count)
-		}
-		if count > MaxCount {
-			return nil, bad("count %d is above nsfleet's limit of %d", count, MaxCount)
-		}
-		if count > 1 && !strings.Contains(t.Name, "{i") {
-			return nil, bad("count is %d but the name has no {i} placeholder, so every namespace would be called the same", count)
-		}
-		if t.Start != nil && *t.Start < 0 {
-			return nil, bad("start %d is negative", *t.Start)
-		}
-		switch t.Loopback {
-		case "", "up", "down":
-		default:
-			return nil, bad("loopback %q: want up or down", t.Loopback)
+	for ti := range f.Namespaces {
+		count, err := checkTemplate(path, &f.Namespaces[ti], ln.template[ti])
+		if err != nil {
+			return nil, err
 		}
 		total += count
 	}
 	if total > limit {
-		return nil, &Error{File: path, Line: ln.template[0], Msg: fmt.Sprintf(
-			"the spec declares %d namespaces, above the limit of %d (user.max_net_namespaces)", total, limit)}
+		return nil, tooMany(path, ln.template[0], total, limit)
 	}
+	perTemplate := make([][]Namespace, len(f.Namespaces))
+	for ti := range f.Namespaces {
+		nss, err := expandTemplate(path, &f.Namespaces[ti], ln.template[ti], ln.veth[ti], ln.route[ti])
+		if err != nil {
+			return nil, err
+		}
+		perTemplate[ti] = nss
+	}
+	return assemble(path, perTemplate, total)
+}
 
+func maxNamespaces(opts Options) int {
+	if opts.MaxNamespaces <= 0 || opts.MaxNamespaces > MaxCount {
+		return MaxCount
+	}
+	return opts.MaxNamespaces
+}
+
+func tooMany(path string, line, total, limit int) error {
+	return &Error{File: path, Line: line, Msg: fmt.Sprintf(
+		"the spec declares %d namespaces, above the limit of %d (user.max_net_namespaces)", total, limit)}
+}
+
+// checkTemplate validates what a template says of itself and returns how
+// many namespaces it declares.
+func checkTemplate(path string, t *template, line int) (int, error) {
+	bad := func(format string, a ...any) error {
+		return &Error{File: path, Line: line, Msg: fmt.Sprintf("template %q: ", t.Name) + fmt.Sprintf(format, a...)}
+	}
+	if t.Name == "" {
+		return 0, bad("missing 'name'")
+	}
+	count := 1
+	if t.Count != nil {
+		count = *t.Count
+	}
+	if count < 0 {
+		return 0, bad("count %d is negative", count)
+	}
+	if count > MaxCount {
+		return 0, bad("count %d is above nsfleet's limit of %d", count, MaxCount)
+	}
+	if count > 1 && !strings.Contains(t.Name, "{i") {
+		return 0, bad("count is %d but the name has no {i} placeholder, so every namespace would be called the same", count)
+	}
+	if t.Start != nil && *t.Start < 0 {
+		return 0, bad("start %d is negative", *t.Start)
+	}
+	switch t.Loopback {
+	case "", "up", "down":
+	default:
+		return 0, bad("loopback %q: want up or down", t.Loopback)
+	}
+	return count, nil
+}
+
+// expandTemplate produces a checked template's namespaces.
+func expandTemplate(path string, t *template, line int, vethLines, routeLines []int) ([]Namespace, error) {
+	count := 1
+	if t.Count != nil {
+		count = *t.Count
+	}
+	start := 1
+	if t.Start != nil {
+		start = *t.Start
+	}
+	out := make([]Namespace, 0, count)
+	for k := 0; k < count; k++ {
+		ns, err := expandOne(path, *t, start+k, line, vethLines, routeLines)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ns)
+	}
+	return out, nil
+}
+
+// assemble makes the fleet of every template's namespaces, in order,
+// refusing a name or a host interface produced twice.
+func assemble(path string, perTemplate [][]Namespace, total int) (*Fleet, error) {
 	fl := &Fleet{Source: path, Namespaces: make([]Namespace, 0, total), byName: make(map[string]int, total)}
 	hostOwner := make(map[string]Origin, total)
-	for ti, t := range f.Namespaces {
-		count := 1
-		if t.Count != nil {
-			count = *t.Count
-		}
-		start := 1
-		if t.Start != nil {
-			start = *t.Start
-		}
-		for k := 0; k < count; k++ {
-			idx := start + k
-			ns, err := expandOne(path, t, idx, ln.template[ti], ln.veth[ti], ln.route[ti])
-			if err != nil {
-				return nil, err
-			}
+	for _, nss := range perTemplate {
+		for _, ns := range nss {
 			if prev, dup := fl.byName[ns.Name]; dup {
 				return nil, &Error{File: path, Line: ns.Origin.Line, Msg: fmt.Sprintf(
 					"template %q index %d: namespace %q is also produced by %s",
-					t.Name, idx, ns.Name, fl.Namespaces[prev].Origin)}
+					ns.Origin.Template, ns.Origin.Index, ns.Name, fl.Namespaces[prev].Origin)}
 			}
 			for _, v := range ns.Veths {
 				if prev, dup := hostOwner[v.Host]; dup {
 					return nil, &Error{File: path, Line: ns.Origin.Line, Msg: fmt.Sprintf(
 						"template %q index %d: host interface %q is also produced by %s",
-						t.Name, idx, v.Host, prev)}
+						ns.Origin.Template, ns.Origin.Index, v.Host, prev)}
 				}
 				hostOwner[v.Host] = ns.Origin
 			}

@@ -2,7 +2,9 @@ package spec
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -165,8 +167,20 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("namespaces:\n  - name: \"x{i*4+1}\"\n    count: 2\n    routes: [{to: default, via: 10.0.0.1}]\n"))
 	f.Add([]byte("namespaces: [{name: a}, {name: a}]"))
 	f.Add([]byte("{"))
+	f.Add([]byte("# a fleet\nnamespaces:\n  - name: a\n    veths:\n      - host: ha\n        peer: p\n  # between\n  - name: b\n    routes:\n      - to: default\n        dev: lo\n"))
+	f.Add([]byte("---\nnamespaces:\n- name: a\n- name: b\n  count: 1\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fl, err := Parse("fuzz.yaml", data, Options{MaxNamespaces: 200})
+		// The per-item parser and the whole-document one must agree.
+		if _, ok := splitItems(data); ok {
+			whole, werr := parseWhole("fuzz.yaml", data, Options{MaxNamespaces: 200})
+			switch {
+			case (err == nil) != (werr == nil):
+				t.Fatalf("per item: %v; whole document: %v", err, werr)
+			case err == nil && !reflect.DeepEqual(fl.Namespaces, whole.Namespaces):
+				t.Fatalf("per item and whole document differ:\n%+v\n%+v", fl.Namespaces, whole.Namespaces)
+			}
+		}
 		if err != nil {
 			var se *Error
 			if !errors.As(err, &se) {
@@ -214,4 +228,72 @@ func TestProcesses(t *testing.T) {
 			t.Errorf("accepted %q", bad)
 		}
 	}
+}
+
+// neutronSpec writes n routers as scripts/neutron-spec.sh does: one
+// template per router (heterogeneous), or one template of count n.
+func neutronSpec(n int, templated bool) []byte {
+	var b strings.Builder
+	b.WriteString("namespaces:\n")
+	if templated {
+		fmt.Fprintf(&b, "  - name: \"qrouter-{i}\"\n    count: %d\n    sysctls:\n      net.ipv4.ip_forward: \"1\"\n    veths:\n"+
+			"      - host: \"qr{i}\"\n        peer: \"qr-in\"\n        up: true\n        host_ipv6: false\n"+
+			"        host_addresses: [\"10.{i/256}.{i%%256}.1/30\"]\n        peer_addresses: [\"10.{i/256}.{i%%256}.2/30\"]\n"+
+			"      - host: \"qg{i}\"\n        peer: \"qg-in\"\n        up: true\n        host_ipv6: false\n"+
+			"        peer_addresses: [\"100.{i/65536+64}.{i/256%%256}.{i%%256}/10\"]\n"+
+			"    routes:\n      - to: default\n        via: 100.64.0.1\n", n)
+		return []byte(b.String())
+	}
+	for i := 1; i <= n; i++ {
+		a, c := i/256, i%256
+		fmt.Fprintf(&b, "  - name: \"qrouter-%08x-%012x\"\n    sysctls:\n      net.ipv4.ip_forward: \"1\"\n    veths:\n"+
+			"      - host: \"qr%d\"\n        peer: \"qr-in\"\n        up: true\n        host_ipv6: false\n"+
+			"        host_addresses: [\"10.%d.%d.1/30\"]\n        peer_addresses: [\"10.%d.%d.2/30\"]\n"+
+			"      - host: \"qg%d\"\n        peer: \"qg-in\"\n        up: true\n        host_ipv6: false\n"+
+			"        peer_addresses: [\"100.%d.%d.%d/10\"]\n"+
+			"    routes:\n      - to: default\n        via: 100.64.0.1\n", i*2654435761%4294967296, i, i, a, c, a, c, i, 64+i/65536, a%256, c)
+	}
+	return []byte(b.String())
+}
+
+// The heterogeneous fleet parsed per item and as one document must be the
+// same fleet; and the benchmarks below compare their costs with a
+// templated fleet of the same shape.
+func TestHeterogeneousSameBothWays(t *testing.T) {
+	data := neutronSpec(300, false)
+	if _, ok := splitItems(data); !ok {
+		t.Fatal("a plain block spec was not cut into items")
+	}
+	a, err := Parse("h.yaml", data, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := parseWhole("h.yaml", data, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(a.Namespaces, b.Namespaces) || len(a.Namespaces) != 300 {
+		t.Fatalf("per item and whole document differ (%d, %d namespaces)", len(a.Namespaces), len(b.Namespaces))
+	}
+	if a.Namespaces[299].Origin.Line != 1+299*18+1 {
+		t.Errorf("line of the last router %d, want %d", a.Namespaces[299].Origin.Line, 1+299*18+1)
+	}
+}
+
+func benchmarkParse(b *testing.B, data []byte, parse func(string, []byte, Options) (*Fleet, error)) {
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parse("b.yaml", data, Options{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkParseTemplated5000(b *testing.B) { benchmarkParse(b, neutronSpec(5000, true), Parse) }
+func BenchmarkParseHeterogeneous5000(b *testing.B) {
+	benchmarkParse(b, neutronSpec(5000, false), Parse)
+}
+func BenchmarkParseHeterogeneousWhole5000(b *testing.B) {
+	benchmarkParse(b, neutronSpec(5000, false), parseWhole)
 }
