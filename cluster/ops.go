@@ -208,6 +208,68 @@ func Drain(ctx context.Context, cli *clientv3.Client, node, reason string) error
 	return err
 }
 
+// Pending says what keeps the namespaces named (none: every namespace of
+// the stored spec) from being ready in the kernels at the stored spec's
+// revision, or "" when they are. A namespace is ready when a live node
+// holds it in its assignment and that node reports, from its kernel, that
+// it matches the spec at that revision and the assignment (NodeStatus).
+func Pending(s *Snapshot, names []string) string {
+	if s.Spec == nil {
+		if len(names) > 0 {
+			return "no spec stored"
+		}
+		return ""
+	}
+	holder := map[string]string{}
+	for node, a := range s.Assign {
+		for _, n := range a.Names {
+			holder[n] = node
+		}
+	}
+	nodeReady := func(node string) string {
+		if _, alive := s.Nodes[node]; !alive {
+			return node + " is lost"
+		}
+		st := s.Status[node]
+		switch {
+		case st.Fenced:
+			return node + " is fenced"
+		case !st.Converged(s.AssignRev[node]) || st.SpecRev < s.SpecRev:
+			return fmt.Sprintf("%s has not converged to spec revision %d (%d of %d ready)", node, s.SpecRev, st.Ready, st.Assigned)
+		}
+		return ""
+	}
+	if len(names) > 0 {
+		for _, n := range names {
+			node, ok := holder[n]
+			if !ok {
+				return n + " is not assigned to any node"
+			}
+			if why := nodeReady(node); why != "" {
+				return n + ": " + why
+			}
+		}
+		return ""
+	}
+	if f, err := s.Spec.ParseSpec(); err == nil {
+		missing := 0
+		for _, n := range f.Names() {
+			if _, ok := holder[n]; !ok {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Sprintf("%d namespaces not assigned to any node", missing)
+		}
+	}
+	for _, node := range sortedKeys(s.Assign) {
+		if why := nodeReady(node); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
 // ForceFailover orders the scheduler to move a lost node's namespaces even
 // though more than half of the nodes are lost at once (when they are
 // really gone, not cut off). It refuses a node that is alive or holds

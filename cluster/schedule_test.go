@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -284,5 +285,33 @@ func TestScheduleMassLossWithinTTL(t *testing.T) {
 	s.Nodes = alive("a", "b")
 	if p := Schedule(s); p.Orphaned["c"] != 3 {
 		t.Fatalf("c lost alone: plan %+v", p)
+	}
+}
+
+func TestPending(t *testing.T) {
+	snap := &Snapshot{
+		Spec:      &SpecDoc{Source: "s.yaml", YAML: "namespaces:\n  - name: \"r-{i}\"\n    count: 2\n"},
+		SpecRev:   10,
+		Nodes:     map[string]NodeInfo{"a": {}, "b": {}},
+		Assign:    map[string]Assignment{"a": {Names: []string{"r-1"}}, "b": {Names: []string{"r-2"}}},
+		AssignRev: map[string]int64{"a": 5, "b": 6},
+		Status:    map[string]NodeStatus{"a": {AssignRev: 5, SpecRev: 10}, "b": {AssignRev: 6, SpecRev: 9, Ready: 0, Assigned: 1}},
+	}
+	if p := Pending(snap, nil); !strings.Contains(p, "b has not converged to spec revision 10") {
+		t.Errorf("b behind the spec: %q", p)
+	}
+	if p := Pending(snap, []string{"r-1"}); p != "" {
+		t.Errorf("r-1 on a converged node: %q", p)
+	}
+	snap.Status["b"] = NodeStatus{AssignRev: 6, SpecRev: 10}
+	if p := Pending(snap, nil); p != "" {
+		t.Errorf("all converged: %q", p)
+	}
+	delete(snap.Nodes, "b")
+	if p := Pending(snap, []string{"r-2"}); !strings.Contains(p, "b is lost") {
+		t.Errorf("r-2 on a lost node: %q", p)
+	}
+	if p := Pending(snap, []string{"r-9"}); !strings.Contains(p, "not assigned") {
+		t.Errorf("unknown name: %q", p)
 	}
 }

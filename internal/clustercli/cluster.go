@@ -26,7 +26,7 @@ stores it (after checking all of it, as 'nsfleet up' does), the elected
 scheduler spreads its namespaces over the live nodes, and every agent makes
 its node match.`,
 	}
-	cmd.AddCommand(newApply(g), newDelete(g), newStatus(g), newDrain(g), newUncordon(g), newFailover(g))
+	cmd.AddCommand(newApply(g), newDelete(g), newStatus(g), newDrain(g), newUncordon(g), newFailover(g), newWait(g))
 	return cmd
 }
 
@@ -353,4 +353,61 @@ now. It refuses a node that is alive (drain it instead).`,
 			return nil
 		},
 	}
+}
+
+func newWait(g *globals) *cobra.Command {
+	var timeout time.Duration
+	var what string
+	cmd := &cobra.Command{
+		Use:   "wait [NAMESPACE...] [--timeout D]",
+		Short: "Wait until the stored spec, or the named namespaces, are ready in the kernels",
+		Long: `wait returns when every namespace of the stored spec (or each one named) is
+ready: held by a live node that reports, from its kernel, that it matches the
+stored spec at its current revision and its assignment. Status is written
+by a node only after the engine confirmed every namespace it holds, so a
+script can chain on it: apply, wait, then use the routers.
+
+Exit 0 when ready, 1 at the timeout (saying what is still pending).`,
+		Example: `  nsfleet cluster apply -f fleet.yaml && nsfleet cluster wait --timeout 2m
+  nsfleet cluster wait qrouter-17 qrouter-18`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if what != "ready" {
+				return usageError{fmt.Errorf("cluster wait: --for %q: only ready is known", what)}
+			}
+			cli, err := g.connect(cmd.Context(), "cluster wait")
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			start := time.Now()
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			last := ""
+			for {
+				rctx, rcancel := g.rpc(ctx)
+				snap, err := cluster.Read(rctx, cli)
+				rcancel()
+				if err == nil {
+					if last = cluster.Pending(snap, args); last == "" {
+						what := "the stored spec"
+						if len(args) > 0 {
+							what = fmt.Sprintf("%d namespaces", len(args))
+						}
+						fmt.Fprintf(g.stdout, "cluster wait: %s ready (spec revision %d) after %s\n", what, snap.SpecRev, time.Since(start).Round(time.Millisecond))
+						return nil
+					}
+				} else {
+					last = err.Error()
+				}
+				select {
+				case <-ctx.Done():
+					return fmt.Errorf("cluster wait: not ready after %s: %s", timeout, last)
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "give up after this long (exit 1)")
+	cmd.Flags().StringVar(&what, "for", "ready", "the condition (ready)")
+	return cmd
 }

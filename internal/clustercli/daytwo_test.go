@@ -227,6 +227,14 @@ func TestDayTwo(t *testing.T) {
 
 	t.Run("apply", func(t *testing.T) {
 		apply(t)
+		// A script chains on cluster wait: when it returns, the kernels
+		// hold the fleet.
+		must(t, "cluster", "wait", "--timeout", "30s")
+		for i := 1; i <= count; i++ {
+			if v := view(i); v.node == "" || len(v.addrs) != 1 {
+				t.Fatalf("cluster wait returned, but %s is %+v in the kernel", name(i), v)
+			}
+		}
 		settle(t, "every router served once, with its daemon", func() string {
 			for i := 1; i <= count; i++ {
 				v := view(i)
@@ -246,6 +254,10 @@ func TestDayTwo(t *testing.T) {
 		r.addr = "10.3.0.9/24"
 		rs[3] = r
 		apply(t)
+		must(t, "cluster", "wait", "--timeout", "30s", name(3))
+		if v := view(3); !slices.Equal(v.addrs, []netip.Prefix{netip.MustParsePrefix("10.3.0.9/24")}) {
+			t.Fatalf("cluster wait %s returned, but the kernel has %v", name(3), v.addrs)
+		}
 		settle(t, "new address, old one gone", func() string {
 			v := view(3)
 			if !slices.Equal(v.addrs, []netip.Prefix{netip.MustParsePrefix("10.3.0.9/24")}) {
