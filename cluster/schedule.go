@@ -176,39 +176,18 @@ func Schedule(s State) Plan {
 		p.Placed[best]++
 	}
 
-	// Balance, only when nothing is in flight: move one name at a time
-	// from the fullest node to the emptiest with room, while they differ
-	// by more than one. Each move narrows the gap, so the moves are few.
+	// Balance, only when nothing is in flight and nothing is held.
 	if len(held) == 0 && len(pool) == 0 && len(elig) > 1 && len(p.Held) == 0 {
-		count, moves := map[string]int{}, 0
-		for _, node := range elig {
-			count[node] = len(next[node].Names)
-		}
-		for {
-			hi, lo := "", ""
-			for _, node := range elig {
-				if hi == "" || count[node] > count[hi] {
-					hi = node
-				}
-				c := s.Nodes[node].Capacity
-				if (c <= 0 || count[node] < c) && !s.Nodes[node].Settling && (lo == "" || count[node] < count[lo]) {
-					lo = node
-				}
-			}
-			if lo == "" || count[hi]-count[lo] <= 1 || s.MaxMoves > 0 && moves >= s.MaxMoves {
-				break
-			}
-			moves++
-			count[hi]--
-			count[lo]++
-			a := next[hi]
-			last := a.Names[len(a.Names)-1]
-			a.Names = a.Names[:len(a.Names)-1]
-			a.Releasing = append(a.Releasing, last)
-			p.Released++
-		}
+		p.Released += balance(s, next, elig)
 	}
 
+	p.writes(s, next)
+	return p
+}
+
+// writes records in p the assignments of next that differ from s's (an
+// empty one deletes the key).
+func (p *Plan) writes(s State, next map[string]*Assignment) {
 	for node, na := range next {
 		old, had := s.Assign[node]
 		if na == nil || (len(na.Names) == 0 && len(na.Releasing) == 0) {
@@ -221,7 +200,39 @@ func Schedule(s State) Plan {
 			p.Assign[node] = na
 		}
 	}
-	return p
+}
+
+// balance moves one name at a time from the fullest eligible node to the
+// emptiest with room (not settling), while they differ by more than one,
+// at most s.MaxMoves; each move narrows the gap, so the moves are few. It
+// returns how many names it put in Releasing.
+func balance(s State, next map[string]*Assignment, elig []string) int {
+	count, moves := map[string]int{}, 0
+	for _, node := range elig {
+		count[node] = len(next[node].Names)
+	}
+	for {
+		hi, lo := "", ""
+		for _, node := range elig {
+			if hi == "" || count[node] > count[hi] {
+				hi = node
+			}
+			c := s.Nodes[node].Capacity
+			if (c <= 0 || count[node] < c) && !s.Nodes[node].Settling && (lo == "" || count[node] < count[lo]) {
+				lo = node
+			}
+		}
+		if lo == "" || count[hi]-count[lo] <= 1 || s.MaxMoves > 0 && moves >= s.MaxMoves {
+			return moves
+		}
+		moves++
+		count[hi]--
+		count[lo]++
+		a := next[hi]
+		last := a.Names[len(a.Names)-1]
+		a.Names = a.Names[:len(a.Names)-1]
+		a.Releasing = append(a.Releasing, last)
+	}
 }
 
 // massLoss reports whether more than half of the nodes that hold an

@@ -175,27 +175,7 @@ func converged(t *testing.T) string {
 // change. Whenever status says converged, the kernel must already show it.
 func TestDayTwo(t *testing.T) {
 	nstest.RequireRoot(t)
-	dir := filepath.Join(t.TempDir(), "sim")
-	ttl := 4 * time.Second
-	must(t, "sim", "up", "--nodes", "3", "--dir", dir, "--lease-ttl", ttl.String(), "--allow-processes")
-	t.Cleanup(func() {
-		if t.Failed() {
-			logs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "agent.log"))
-			for _, l := range logs {
-				b, _ := os.ReadFile(l)
-				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-				t.Logf("%s (last 40 lines):\n%s", l, strings.Join(lines[max(0, len(lines)-40):], "\n"))
-			}
-		}
-		if _, err := run(t, "sim", "down", "--dir", dir); err != nil {
-			t.Error(err)
-		}
-	})
-	st, err := sim.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NSFLEET_ETCD", "http://"+st.ProxyAddr)
+	dir, st := upSim(t, 4*time.Second, "--allow-processes")
 
 	prefix := nstest.Prefix(t)
 	const count = 12

@@ -18,35 +18,48 @@ import (
 	"github.com/nsfleet/nsfleet/rtnl"
 )
 
-// hostVethsUp counts, per node, the host veths named with prefix that are
-// up, from each node's own kernel (its network namespace).
+// hostVethsUp counts, per node and in all, the host veths named with
+// prefix that are up in the nodes' kernels.
 func hostVethsUp(t *testing.T, st *sim.State, prefix string) (map[string]int, int) {
 	t.Helper()
 	out, total := map[string]int{}, 0
-	for _, n := range st.Nodes {
-		if n.Killed {
-			continue
-		}
-		h, err := netns.OpenPath(n.NetPin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = rtnl.Inside(h, rtnl.OpenLite, func(c *rtnl.Conn) error {
-			links, err := c.Links()
-			for _, l := range links {
-				if strings.HasPrefix(l.Name, prefix) && l.Up {
-					out[n.Name]++
-					total++
-				}
-			}
-			return err
-		})
-		h.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+	for node, up := range vethsUpByNode(t, st, prefix) {
+		out[node] = len(up)
+		total += len(up)
 	}
 	return out, total
+}
+
+// upRouters applies count routers whose host veths are up, and waits
+// until every one is up in the kernels and status is converged.
+func upRouters(t *testing.T, st *sim.State, prefix string, count int) {
+	t.Helper()
+	specFile := filepath.Join(t.TempDir(), "up.yaml")
+	os.WriteFile(specFile, []byte(fmt.Sprintf(`namespaces:
+  - name: "%[1]sr-{i}"
+    count: %[2]d
+    veths:
+      - host: "%[1]sh{i}"
+        peer: qr
+        up: true
+        host_ipv6: false
+`, prefix, count)), 0o644)
+	must(t, "cluster", "apply", "-f", specFile)
+	waitFor(t, "every host veth up, status converged", 30*time.Second, func() string {
+		if _, up := hostVethsUp(t, st, prefix); up != count {
+			return fmt.Sprintf("%d of %d host veths up", up, count)
+		}
+		return converged(t)
+	})
+}
+
+// routersFromEnv is how many routers the fault tests serve: def, or
+// NSFLEET_FAULT_ROUTERS for a run at scale (docs/RELIABILITY.md).
+func routersFromEnv(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("NSFLEET_FAULT_ROUTERS")); err == nil && n > 0 {
+		return n
+	}
+	return def
 }
 
 // etcdLeader returns the index (1..3) of the sim's etcd leader.
@@ -88,50 +101,17 @@ func etcdLeader(t *testing.T, st *sim.State) int {
 // is back nothing fails over and nothing is re-created.
 func TestEtcdQuorumLoss(t *testing.T) {
 	nstest.RequireRoot(t)
-	dir := filepath.Join(t.TempDir(), "sim")
 	ttl := 4 * time.Second
-	must(t, "sim", "up", "--nodes", "3", "--dir", dir, "--lease-ttl", ttl.String())
+	_, st := upSim(t, ttl)
 	var stopped []int
-	t.Cleanup(func() {
+	t.Cleanup(func() { // before the sim goes
 		for _, pid := range stopped {
 			syscall.Kill(pid, syscall.SIGCONT)
 		}
-		if t.Failed() {
-			logs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "agent.log"))
-			for _, l := range logs {
-				b, _ := os.ReadFile(l)
-				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-				t.Logf("%s (last 25 lines):\n%s", l, strings.Join(lines[max(0, len(lines)-25):], "\n"))
-			}
-		}
-		if _, err := run(t, "sim", "down", "--dir", dir); err != nil {
-			t.Error(err)
-		}
 	})
-	st, err := sim.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NSFLEET_ETCD", "http://"+st.ProxyAddr)
 	prefix := nstest.Prefix(t)
-	const count = 30
-	specFile := filepath.Join(t.TempDir(), "up.yaml")
-	os.WriteFile(specFile, []byte(fmt.Sprintf(`namespaces:
-  - name: "%[1]sr-{i}"
-    count: %[2]d
-    veths:
-      - host: "%[1]sh{i}"
-        peer: qr
-        up: true
-        host_ipv6: false
-`, prefix, count)), 0o644)
-	must(t, "cluster", "apply", "-f", specFile)
-	waitFor(t, "every host veth up, status converged", 30*time.Second, func() string {
-		if _, up := hostVethsUp(t, st, prefix); up != count {
-			return fmt.Sprintf("%d of %d host veths up", up, count)
-		}
-		return converged(t)
-	})
+	count := routersFromEnv(30)
+	upRouters(t, st, prefix, count)
 	before := map[string]map[string]uint64{}
 	for _, n := range st.Nodes {
 		before[n.Name] = pinCookies(t, st, n.Name)
@@ -223,50 +203,17 @@ func vethsUpByNode(t *testing.T, st *sim.State, prefix string) map[string]map[st
 // (nothing is handed back while it settles).
 func TestAgentPaused(t *testing.T) {
 	nstest.RequireRoot(t)
-	dir := filepath.Join(t.TempDir(), "sim")
 	ttl := 4 * time.Second
-	must(t, "sim", "up", "--nodes", "3", "--dir", dir, "--lease-ttl", ttl.String())
+	_, st := upSim(t, ttl)
 	var paused int
-	t.Cleanup(func() {
+	t.Cleanup(func() { // before the sim goes
 		if paused != 0 {
 			syscall.Kill(paused, syscall.SIGCONT)
 		}
-		if t.Failed() {
-			logs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "agent.log"))
-			for _, l := range logs {
-				b, _ := os.ReadFile(l)
-				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-				t.Logf("%s (last 25 lines):\n%s", l, strings.Join(lines[max(0, len(lines)-25):], "\n"))
-			}
-		}
-		if _, err := run(t, "sim", "down", "--dir", dir); err != nil {
-			t.Error(err)
-		}
 	})
-	st, err := sim.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NSFLEET_ETCD", "http://"+st.ProxyAddr)
 	prefix := nstest.Prefix(t)
-	const count = 30
-	specFile := filepath.Join(t.TempDir(), "up.yaml")
-	os.WriteFile(specFile, []byte(fmt.Sprintf(`namespaces:
-  - name: "%[1]sr-{i}"
-    count: %[2]d
-    veths:
-      - host: "%[1]sh{i}"
-        peer: qr
-        up: true
-        host_ipv6: false
-`, prefix, count)), 0o644)
-	must(t, "cluster", "apply", "-f", specFile)
-	waitFor(t, "every host veth up, status converged", 30*time.Second, func() string {
-		if _, up := hostVethsUp(t, st, prefix); up != count {
-			return fmt.Sprintf("%d of %d host veths up", up, count)
-		}
-		return converged(t)
-	})
+	count := routersFromEnv(30)
+	upRouters(t, st, prefix, count)
 	victim, err := st.Node("node-1")
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"github.com/nsfleet/nsfleet/cluster/sim"
 	"github.com/nsfleet/nsfleet/internal/privilege"
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func newSim(g *globals) *cobra.Command {
@@ -105,39 +106,9 @@ for 3 s): the run succeeds only if the checker reports it.`,
 				return fmt.Errorf("sim campaign: %w", err)
 			}
 			defer cli.Close()
-			o.Healthy = func() string {
-				ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Second)
-				defer cancel()
-				r, err := cluster.Status(ctx, cli)
-				if err != nil {
-					return "etcd: " + err.Error()
-				}
-				if r.Unassigned > 0 {
-					return fmt.Sprintf("%d unassigned", r.Unassigned)
-				}
-				for _, n := range r.Nodes {
-					if n.Alive && (!n.Converged || n.Fenced) {
-						return n.Name + " not converged"
-					}
-				}
-				return ""
-			}
-			snap, err := cluster.Read(cmd.Context(), cli)
-			if err != nil {
+			o.Healthy = func() string { return campaignHealth(cmd.Context(), cli) }
+			if o.Routers, err = campaignRouters(cmd.Context(), cli); err != nil {
 				return fmt.Errorf("sim campaign: %w", err)
-			}
-			if snap.Spec == nil {
-				return fmt.Errorf("sim campaign: no spec applied: apply one whose veths are up first")
-			}
-			f, err := snap.Spec.ParseSpec()
-			if err != nil {
-				return fmt.Errorf("sim campaign: stored spec: %w", err)
-			}
-			o.Routers = map[string]string{}
-			for _, ns := range f.Namespaces {
-				if len(ns.Veths) > 0 {
-					o.Routers[ns.Veths[0].Host] = ns.Name
-				}
 			}
 			o.Dir = *dir
 			if trace != "" {
@@ -183,6 +154,49 @@ for 3 s): the run succeeds only if the checker reports it.`,
 	fl.StringVar(&trace, "trace", "", "write every fault and every change of where a router is up, with the time, to this file")
 	fl.StringVarP(&output, "output", "o", "text", "text or json")
 	return cmd
+}
+
+// campaignHealth says what keeps the cluster from being healthy: etcd
+// answering, every namespace assigned, every live node converged.
+func campaignHealth(ctx context.Context, cli *clientv3.Client) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	r, err := cluster.Status(ctx, cli)
+	if err != nil {
+		return "etcd: " + err.Error()
+	}
+	if r.Unassigned > 0 {
+		return fmt.Sprintf("%d unassigned", r.Unassigned)
+	}
+	for _, n := range r.Nodes {
+		if n.Alive && (!n.Converged || n.Fenced) {
+			return n.Name + " not converged"
+		}
+	}
+	return ""
+}
+
+// campaignRouters maps the first host veth of every namespace of the
+// stored spec to its namespace: what the checker watches.
+func campaignRouters(ctx context.Context, cli *clientv3.Client) (map[string]string, error) {
+	snap, err := cluster.Read(ctx, cli)
+	if err != nil {
+		return nil, err
+	}
+	if snap.Spec == nil {
+		return nil, fmt.Errorf("no spec applied: apply one whose veths are up first")
+	}
+	f, err := snap.Spec.ParseSpec()
+	if err != nil {
+		return nil, fmt.Errorf("stored spec: %w", err)
+	}
+	routers := map[string]string{}
+	for _, ns := range f.Namespaces {
+		if len(ns.Veths) > 0 {
+			routers[ns.Veths[0].Host] = ns.Name
+		}
+	}
+	return routers, nil
 }
 
 func printCampaign(w io.Writer, r *sim.CampaignReport, o sim.CampaignOptions) {

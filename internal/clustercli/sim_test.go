@@ -160,22 +160,20 @@ func pinCookies(t *testing.T, st *sim.State, node string) map[string]uint64 {
 	return out
 }
 
-// TestSim runs one sim through the life of a gateway fleet: apply, agent
-// restart, drain, uncordon, partition and heal, node loss, bad input.
-func TestSim(t *testing.T) {
-	nstest.RequireRoot(t)
+// upSim makes a 3-node sim for a test, reached through NSFLEET_ETCD; it is
+// removed when the test ends, and its agents' last log lines are shown if
+// the test failed. args go to sim up.
+func upSim(t *testing.T, ttl time.Duration, args ...string) (string, *sim.State) {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "sim")
-	// Long enough for a restarted agent to renew its predecessor's lease
-	// on a loaded CI machine.
-	ttl := 4 * time.Second
-	must(t, "sim", "up", "--nodes", "3", "--dir", dir, "--lease-ttl", ttl.String())
+	must(t, append([]string{"sim", "up", "--nodes", "3", "--dir", dir, "--lease-ttl", ttl.String()}, args...)...)
 	t.Cleanup(func() {
 		if t.Failed() {
 			logs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "agent.log"))
 			for _, l := range logs {
 				b, _ := os.ReadFile(l)
 				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-				t.Logf("%s (last 30 lines):\n%s", l, strings.Join(lines[max(0, len(lines)-30):], "\n"))
+				t.Logf("%s (last 40 lines):\n%s", l, strings.Join(lines[max(0, len(lines)-40):], "\n"))
 			}
 		}
 		if _, err := run(t, "sim", "down", "--dir", dir); err != nil {
@@ -187,6 +185,17 @@ func TestSim(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("NSFLEET_ETCD", "http://"+st.ProxyAddr)
+	return dir, st
+}
+
+// TestSim runs one sim through the life of a gateway fleet: apply, agent
+// restart, drain, uncordon, partition and heal, node loss, bad input.
+func TestSim(t *testing.T) {
+	nstest.RequireRoot(t)
+	// Long enough for a restarted agent to renew its predecessor's lease
+	// on a loaded CI machine.
+	ttl := 4 * time.Second
+	dir, st := upSim(t, ttl)
 
 	prefix := nstest.Prefix(t)
 	const count = 90
