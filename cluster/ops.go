@@ -119,6 +119,10 @@ func (d *SpecDoc) ParseSpec() (*spec.Fleet, error) {
 	return spec.Parse(d.Source, []byte(d.YAML), spec.Options{})
 }
 
+// MaxSpecBytes is the largest stored spec: etcd's default request limit
+// (--max-request-bytes, 1.5 MiB) less room for the rest of the request.
+const MaxSpecBytes = 1536*1024 - 4096
+
 // ApplyResult says what Apply did.
 type ApplyResult struct {
 	Changed bool
@@ -132,6 +136,10 @@ type ApplyResult struct {
 // the stored spec again changes nothing.
 func Apply(ctx context.Context, cli *clientv3.Client, source string, yaml []byte, f *spec.Fleet) (ApplyResult, error) {
 	doc := SpecDoc{Source: source, YAML: string(yaml), Count: len(f.Namespaces), Applied: time.Now().UTC()}
+	if n := len(encode(doc)); n > MaxSpecBytes {
+		return ApplyResult{}, fmt.Errorf("%s: the spec takes %.1f MiB stored (%d namespaces); etcd takes at most %.1f MiB in one request (its --max-request-bytes), and this key layout stores a spec whole: declare repeated namespaces as one template with a count, or split the fleet",
+			source, float64(n)/(1<<20), len(f.Namespaces), float64(MaxSpecBytes)/(1<<20))
+	}
 	cur, err := cli.Get(ctx, KeySpec)
 	if err != nil {
 		return ApplyResult{}, err

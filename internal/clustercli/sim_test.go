@@ -384,6 +384,19 @@ func TestSim(t *testing.T) {
 			t.Errorf("after a refused apply the cluster serves %d namespaces", r.SpecCount)
 		}
 
+		// A spec too large for one etcd request: refused with the reason,
+		// not a raw gRPC error.
+		var big strings.Builder
+		big.WriteString("namespaces:\n")
+		for i := 0; i < 8000; i++ {
+			fmt.Fprintf(&big, "  - name: \"%sbig-%d\"\n    veths:\n      - host: \"%sb%d\"\n        peer: qr\n        peer_addresses: [\"10.%d.%d.1/24\"]\n", prefix, i, prefix, i, i/250, i%250)
+		}
+		bigFile := filepath.Join(t.TempDir(), "big.yaml")
+		os.WriteFile(bigFile, []byte(big.String()), 0o644)
+		if _, err := run(t, "cluster", "apply", "-f", bigFile); err == nil || !strings.Contains(err.Error(), "etcd takes at most 1.5 MiB") {
+			t.Errorf("oversized spec: %v", err)
+		}
+
 		// Two applies at once: each succeeds or is refused; the result is
 		// one of the two specs, whole.
 		other := filepath.Join(t.TempDir(), "other.yaml")
