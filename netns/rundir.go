@@ -186,6 +186,8 @@ func (d *RunDir) Setup() (string, error) {
 		if err := unix.Mount("", d.Path, "none", unix.MS_PRIVATE, ""); err != nil {
 			return "", fmt.Errorf("run dir %s: make private: %w", d.Path, err)
 		}
+		// Marked as nsfleet's own bind, so that Release may undo it.
+		unix.Setxattr(d.Path, RunDirMark, []byte("1"), 0)
 		did = append(did, "bound onto itself, made private")
 		st.Propagation = "private"
 	}
@@ -268,6 +270,40 @@ func FullOrReadOnly(path string, err error) string {
 func (d *RunDir) ReadOnly() bool {
 	var fs unix.Statfs_t
 	return unix.Statfs(d.Path, &fs) == nil && fs.Flags&unix.ST_RDONLY != 0
+}
+
+// RunDirMark is the extended attribute Setup sets on a run dir it binds
+// onto itself: the bind is nsfleet's, and Release may undo it.
+const RunDirMark = "trusted.nsfleet.rundir"
+
+// Release undoes what Setup did to a run dir that is now empty: the bind
+// of the directory onto itself, so that the directory can be removed like
+// any other (rm -rf of a throwaway run dir would otherwise fail with
+// "Device or resource busy"). It leaves alone /run/netns (iproute2 keeps
+// it mounted too), a run dir with any entry, and a mount that nsfleet did
+// not make (no RunDirMark). It reports whether it unmounted.
+func (d *RunDir) Release() (bool, error) {
+	if filepath.Clean(d.Path) == DefaultRunDir {
+		return false, nil
+	}
+	buf := make([]byte, 4)
+	if n, err := unix.Getxattr(d.Path, RunDirMark, buf); err != nil || n != 1 || buf[0] != '1' {
+		return false, nil
+	}
+	st, err := d.State()
+	if err != nil || !st.IsMountPoint {
+		return false, err
+	}
+	ents, err := os.ReadDir(d.Path)
+	if err != nil || len(ents) > 0 {
+		return false, err
+	}
+	if err := unix.Unmount(d.Path, 0); err != nil {
+		return false, fmt.Errorf("run dir %s: unmount nsfleet's bind: %w", d.Path, err)
+	}
+	// The mark is on the directory itself, under the bind: clear it.
+	unix.Removexattr(d.Path, RunDirMark)
+	return true, nil
 }
 
 // PinMark is the extended attribute nsfleet sets on the pin files it

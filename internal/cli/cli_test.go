@@ -512,3 +512,46 @@ func TestSmallHost(t *testing.T) {
 		t.Errorf("down did not wait for the 10 host ends:\n%s", out)
 	}
 }
+
+// TestThrowawayRunDirGoes: after up and down in a private run dir, the
+// directory is a plain one again and removing it just works; a run dir
+// that another tool had mounted stays mounted.
+func TestThrowawayRunDirGoes(t *testing.T) {
+	nstest.RequireRoot(t)
+	p := nstest.Prefix(t)
+	spec := writeSpec(t, p, 2)
+	lab := filepath.Join(t.TempDir(), "lab")
+	rdir := filepath.Join(lab, "netns")
+	t.Cleanup(func() {
+		unix.Unmount(rdir, unix.MNT_DETACH)
+		nstest.DeleteHostLinks(t, p)
+	})
+	if code, _, errs := run("--run-dir", rdir, "up", "-f", spec, "--progress", "none"); code != 0 {
+		t.Fatalf("up: %d %s", code, errs)
+	}
+	code, out, errs := run("--run-dir", rdir, "down", "-f", spec)
+	if code != 0 || !strings.Contains(out, "bind mount on it removed") {
+		t.Fatalf("down: %d %q %s", code, out, errs)
+	}
+	if err := os.RemoveAll(lab); err != nil {
+		t.Fatalf("removing the run dir after down: %v", err)
+	}
+
+	// Another tool's mount on the run dir (no mark): left alone.
+	other := filepath.Join(t.TempDir(), "netns")
+	os.MkdirAll(other, 0o755)
+	if err := unix.Mount(other, other, "none", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(other, unix.MNT_DETACH) })
+	if code, _, errs := run("--run-dir", other, "up", "-f", spec, "--progress", "none"); code != 0 {
+		t.Fatalf("up: %d %s", code, errs)
+	}
+	if code, out, errs := run("--run-dir", other, "down", "-f", spec); code != 0 || strings.Contains(out, "bind mount on it removed") {
+		t.Fatalf("down in another tool's run dir: %d %q %s", code, out, errs)
+	}
+	rd, _ := netns.OpenRunDir(other, false)
+	if st, err := rd.State(); err != nil || !st.IsMountPoint {
+		t.Fatalf("another tool's mount was undone: %+v %v", st, err)
+	}
+}

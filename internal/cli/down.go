@@ -121,6 +121,15 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			if err := rep.Err(); err != nil {
 				return &exitError{code: ExitFailed, err: fmt.Errorf("down: %w", err)}
 			}
+			if !dryRun {
+				// A private run dir left empty goes back to a plain
+				// directory, so that removing it just works.
+				if released, err := rd.Release(); err != nil {
+					fmt.Fprintln(g.stderr, "nsfleet: down:", err)
+				} else if released {
+					fmt.Fprintf(g.stdout, "down: run dir %s is empty: nsfleet's bind mount on it removed\n", rd.Path)
+				}
+			}
 			return nil
 		},
 	}
