@@ -89,8 +89,7 @@ func Gather(opts Options) (*Environment, error) {
 	e.KernelConfig, e.KernelConfigFrom = readKernelConfig()
 	e.scanProcs()
 	for _, m := range e.Mounts {
-		if m.FSType == "nsfs" && strings.HasPrefix(m.Root, "net:[") {
-			ino := nsfsIno(m.Root)
+		if ino, ok := netns.ParseNsLink(m.Root); ok && m.FSType == "nsfs" {
 			h := e.holder(ino)
 			h.Pins = append(h.Pins, m.MountPoint)
 			if h.Path == "" {
@@ -147,10 +146,11 @@ func (e *Environment) scanProcs() {
 		}
 		for _, fd := range fds {
 			l, err := os.Readlink(base + "/fd/" + fd.Name())
-			if err != nil || !strings.HasPrefix(l, "net:[") {
+			ino, ok := netns.ParseNsLink(l)
+			if err != nil || !ok {
 				continue
 			}
-			h := e.holder(nsfsIno(l))
+			h := e.holder(ino)
 			h.FDs = append(h.FDs, pid)
 			if h.Path == "" {
 				h.Path = base + "/fd/" + fd.Name()
@@ -198,15 +198,6 @@ func (e *Environment) findReceivers() {
 		}
 	}
 	sort.Ints(e.Receivers)
-}
-
-func nsfsIno(s string) uint64 {
-	i, j := strings.IndexByte(s, '['), strings.IndexByte(s, ']')
-	if i < 0 || j < i {
-		return 0
-	}
-	n, _ := strconv.ParseUint(s[i+1:j], 10, 64)
-	return n
 }
 
 func readTrim(p string) string {

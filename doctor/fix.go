@@ -3,8 +3,8 @@ package doctor
 import (
 	"fmt"
 
-	"github.com/nsfleet/nsfleet/fleet"
 	"github.com/nsfleet/nsfleet/netns"
+	"github.com/nsfleet/nsfleet/rtnl"
 	"golang.org/x/sys/unix"
 )
 
@@ -57,7 +57,7 @@ func collapse(e *Environment, p netns.PinInfo) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	owned, err := fleet.IsOwned(h)
+	owned, err := rtnl.Owned(h)
 	h.Close()
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", path, err)

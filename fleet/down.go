@@ -434,17 +434,9 @@ func check(rd *netns.RunDir, snap *snapshot, name string, adopt bool) (*target, 
 	return tg, nil
 }
 
-// IsOwned reports whether the namespace's lo carries the Marker, that is,
-// whether nsfleet made (or adopted) it.
-func IsOwned(h *netns.NS) (bool, error) {
-	var owned bool
-	err := rtnl.Inside(h, rtnl.OpenLite, func(in *rtnl.Conn) error {
-		lo, err := in.LinkByIndex(rtnl.LoopbackIndex)
-		owned = err == nil && lo.Alias == Marker
-		return err
-	})
-	return owned, err
-}
+// IsOwned reports whether nsfleet made (or adopted) the namespace
+// (rtnl.Owned).
+func IsOwned(h *netns.NS) (bool, error) { return rtnl.Owned(h) }
 
 // hostVeth is a host end that Down waits for.
 type hostVeth struct {

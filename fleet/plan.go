@@ -10,11 +10,9 @@ import (
 	"github.com/nsfleet/nsfleet/sysctl"
 )
 
-// Marker is the alias nsfleet gives lo in every namespace it makes. The
-// kernel keeps it, so ownership survives a crash of nsfleet and needs no
-// state file: a namespace whose lo carries it was made (or adopted) by
-// nsfleet; any other one is left alone.
-const Marker = "nsfleet"
+// Marker is the alias nsfleet gives lo in every namespace it makes
+// (rtnl.OwnerMark, which says why).
+const Marker = rtnl.OwnerMark
 
 // Observed is what the kernel holds for one pinned namespace, read by
 // observe. It is plain data, so Diff can be tested without root.
