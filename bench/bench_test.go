@@ -10,12 +10,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == ChurnHelperArg {
-		ChurnHelperMain(os.Args[2:])
-	}
-	if len(os.Args) > 2 && os.Args[1] == UeventHelperArg {
-		UeventHelperMain(os.Args[2:])
-	}
 	nstest.Main(m)
 }
 

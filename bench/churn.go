@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/nsfleet/nsfleet/internal/reexec"
 	"os"
 	"os/exec"
 	"runtime"
@@ -115,6 +116,8 @@ func (c churn) once(ctx context.Context, o Options, cfg map[string]string, rep i
 
 // ChurnHelperMain runs in the user namespace: args are TYPE N MARK LIMIT.
 // It prints one JSON event per line and exits.
+func init() { reexec.Register(ChurnHelperArg, ChurnHelperMain) }
+
 func ChurnHelperMain(args []string) {
 	emit := func(ev churnEvent) {
 		b, _ := json.Marshal(ev)

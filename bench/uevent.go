@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/nsfleet/nsfleet/internal/reexec"
 	"io"
 	"os"
 	"os/exec"
@@ -262,6 +263,8 @@ func usernsNamespaces(ctx context.Context, k int, listen bool) (stop func(), nss
 
 // UeventHelperMain holds K network namespaces, each with a bound uevent
 // socket, on one thread, until stdin closes.
+func init() { reexec.Register(UeventHelperArg, UeventHelperMain) }
+
 func UeventHelperMain(args []string) {
 	k, err := strconv.Atoi(args[0])
 	if err != nil || k < 1 {

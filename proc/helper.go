@@ -2,6 +2,7 @@ package proc
 
 import (
 	"errors"
+	"github.com/nsfleet/nsfleet/internal/reexec"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,8 @@ var EtcNetnsDir = "/etc/netns"
 // in a process of its own, already in the network namespace and in a new
 // mount namespace (see Command), sets up the mounts as `ip netns exec` does,
 // and replaces itself with CMD. It returns only by exiting.
+func init() { reexec.Register(HelperArg, HelperMain) }
+
 func HelperMain(args []string) {
 	if len(args) < 3 || args[1] != "--" {
 		helperFail("helper: want NAME -- CMD [ARGS...]")

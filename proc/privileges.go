@@ -3,6 +3,7 @@ package proc
 import (
 	"errors"
 	"fmt"
+	"github.com/nsfleet/nsfleet/internal/reexec"
 	"os"
 	"os/exec"
 	"os/user"
@@ -145,6 +146,8 @@ func splitInts(s string) ([]int, error) {
 // a fresh process that nsfleet started inside the namespace, and returns
 // only by exiting. Every step acts on the calling thread, the one that
 // calls execve: the kernel gives the new program that thread's credentials.
+func init() { reexec.Register(PrivilegesHelperArg, PrivilegesHelperMain) }
+
 func PrivilegesHelperMain(args []string) {
 	runtime.LockOSThread()
 	i := 0

@@ -8,8 +8,10 @@ import (
 	"os"
 
 	"github.com/nsfleet/nsfleet/internal/clustercli"
+	"github.com/nsfleet/nsfleet/internal/reexec"
 )
 
 func main() {
+	reexec.Dispatch() // nsfleet's helpers (package reexec)
 	os.Exit(clustercli.Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }

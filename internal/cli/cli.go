@@ -14,11 +14,9 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/nsfleet/nsfleet/bench"
 	"github.com/nsfleet/nsfleet/fleet"
 	_ "github.com/nsfleet/nsfleet/internal/fastexec" // exec NAME -- CMD before the Go runtime starts
 	"github.com/nsfleet/nsfleet/netns"
-	"github.com/nsfleet/nsfleet/proc"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/spf13/cobra"
 )
@@ -59,18 +57,6 @@ type globals struct {
 // process exit code. SIGINT and SIGTERM cancel ctx's work: running commands
 // stop starting new work, finish what is in flight, and print their summary.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == proc.HelperArg {
-		proc.HelperMain(args[1:]) // does not return
-	}
-	if len(args) > 0 && args[0] == proc.PrivilegesHelperArg {
-		proc.PrivilegesHelperMain(args[1:]) // does not return
-	}
-	if len(args) > 0 && args[0] == bench.ChurnHelperArg {
-		bench.ChurnHelperMain(args[1:]) // does not return
-	}
-	if len(args) > 1 && args[0] == bench.UeventHelperArg {
-		bench.UeventHelperMain(args[1:]) // does not return
-	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	g := &globals{stdout: stdout, stderr: stderr}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/nsfleet/nsfleet/internal/reexec"
 	"golang.org/x/sys/unix"
 	"math/rand/v2"
 	"os"
@@ -21,11 +22,9 @@ import (
 // The test binary doubles as nsfleet: with NSFLEET_CLI_CHILD=1 it runs the
 // command line from its arguments, so tests can kill it like a real process.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && strings.HasPrefix(os.Args[1], "__nsfleet-") {
-		// Started as one of nsfleet's helpers (/proc/self/exe is this
-		// binary when a test runs a command in process).
-		os.Exit(Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
-	}
+	// Started as one of nsfleet's helpers (/proc/self/exe is this binary
+	// when a test runs a command in process).
+	reexec.Dispatch()
 	switch os.Getenv("NSFLEET_CLI_CHILD") {
 	case "1":
 		os.Exit(Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))

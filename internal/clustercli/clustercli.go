@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/cluster"
-	"github.com/nsfleet/nsfleet/proc"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -44,12 +43,6 @@ type usageError struct{ error }
 
 // Run runs the cluster binary with args and returns the exit code.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == proc.HelperArg {
-		proc.HelperMain(args[1:])
-	}
-	if len(args) > 0 && args[0] == proc.PrivilegesHelperArg {
-		proc.PrivilegesHelperMain(args[1:])
-	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	g := &globals{stdout: stdout, stderr: stderr}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/nsfleet/nsfleet/internal/reexec"
 	"io"
 	"net"
 	"os"
@@ -29,6 +30,7 @@ import (
 const mainEnv = "NSFLEET_CLUSTER_TEST_MAIN"
 
 func TestMain(m *testing.M) {
+	reexec.Dispatch()
 	if os.Getenv(mainEnv) == "1" {
 		os.Exit(Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 	}

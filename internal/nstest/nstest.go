@@ -8,6 +8,7 @@ package nstest
 
 import (
 	"fmt"
+	"github.com/nsfleet/nsfleet/internal/reexec"
 	"os"
 	"path/filepath"
 	"sort"
@@ -315,6 +316,7 @@ func trim(s []string) []string {
 // Main runs a package's tests and fails the binary when they leaked. Use it
 // from TestMain: func TestMain(m *testing.M) { nstest.Main(m) }.
 func Main(m *testing.M) {
+	reexec.Dispatch() // the test binary re-executed as one of nsfleet's helpers
 	if os.Geteuid() != 0 {
 		os.Exit(m.Run())
 	}
