@@ -143,7 +143,7 @@ func printUpSummary(w io.Writer, verb string, s *fleet.Summary) {
 		fmt.Fprintf(w, "up: %d namespaces already match the spec; nothing to do (%.2fs)\n", c[fleet.Unchanged], s.Elapsed.Seconds())
 		return
 	}
-	fmt.Fprintf(w, "up%s: %d created, %d repaired, %d unchanged, %d failed, %d skipped in %.2fs (%.0f routers/s)\n",
+	fmt.Fprintf(w, "up%s: %d created, %d repaired, %d unchanged, %d failed, %d skipped in %.2fs (%.0f namespaces/s)\n",
 		status, c[fleet.Created], c[fleet.Repaired], c[fleet.Unchanged], c[fleet.Failed], c[fleet.Skipped],
 		s.Elapsed.Seconds(), s.Rate())
 	if n := s.Total - (c[fleet.Created] + c[fleet.Repaired] + c[fleet.Unchanged] + c[fleet.Failed] + c[fleet.Skipped]); n > 0 {
@@ -160,7 +160,7 @@ func printMarks(w io.Writer, s *fleet.Summary, steps *fleet.StepTimes) {
 	if steps != nil {
 		per = steps.PerMark()
 	}
-	fmt.Fprintf(w, "%8s %10s %10s", "mark", "elapsed", "routers/s")
+	fmt.Fprintf(w, "%8s %10s %10s", "mark", "elapsed", "ns/s")
 	for _, st := range fleet.Steps {
 		fmt.Fprintf(w, " %11s", st+"/us")
 	}
