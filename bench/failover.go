@@ -26,7 +26,7 @@ import (
 // `nsfleet up` of as many routers on one node.
 type failover struct{}
 
-// Failover's fixed shape: the issue's and the thread's.
+// Failover's fixed shape: three nodes, as the 2014 thread's gateways (docs/BACKGROUND.md).
 const (
 	failoverNodes = 3
 	failoverTTL   = 5 * time.Second // the agent's default lease

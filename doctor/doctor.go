@@ -46,7 +46,7 @@ func ExitCode(worst Severity) int {
 	case Warn:
 		return 1
 	case Fail:
-		return 2
+		return 3 // not 2: nsfleet's usage error
 	}
 	return 0
 }

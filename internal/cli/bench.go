@@ -29,8 +29,8 @@ func newBench(g *globals) *cobra.Command {
 	var idle, listeners, limit int
 	cmd := &cobra.Command{
 		Use:   "bench SCENARIO [flags] | bench list | bench compare A B | bench plot RUN... | bench report RUN...",
-		Short: "The scalability lab: reproduce the source threads' workloads and compare methods",
-		Long: `bench runs one of the source threads' experiments, with competing methods
+		Short: "The scalability lab: reproduce the kernel threads' workloads and compare methods",
+		Long: `bench runs one of the kernel threads' experiments (docs/BACKGROUND.md), with competing methods
 ("engines") and variants side by side in one run, repeated --runs times, and
 reports throughput per mark as a table with configurations as columns (mean ±
 standard deviation over the runs). Every run records its environment (kernel,

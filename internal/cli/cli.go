@@ -1,5 +1,7 @@
 // Package cli is nsfleet's command line: it turns flags into calls of the
-// library packages and results into text. It holds no logic of its own.
+// library packages and results into text. What logic it holds is about
+// running commands: exec --all's fan-out over namespaces, and the hand-over
+// of bench --kernel runs to VMs.
 package cli
 
 import (

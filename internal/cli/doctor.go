@@ -18,7 +18,7 @@ func newDoctor(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "doctor [--run-dir DIR] [-o table|json] [--fix]",
 		Short: "Find the traps that make namespaces slow or leaky, with evidence and advice",
-		Long: `doctor checks this machine for what the source threads learnt the hard way:
+		Long: `doctor checks this machine for what the kernel threads behind nsfleet (docs/BACKGROUND.md) learnt the hard way:
 the run dir's mount and propagation, stale and double pins, mount load and
 the mount namespaces every pin is copied into, namespace headroom against
 user.max_net_namespaces, the /proc/sys lookup trap, RCU and kernel settings,
@@ -26,7 +26,7 @@ the neighbour table against the fleet's size, and bridges near 1,024 ports.
 
 Each finding has a severity (ok, info, warn, fail), its evidence and advice.
 The exit code is that of the worst finding: 0 for ok and info, 1 for warn,
-2 for fail.
+3 for fail (2 is a usage error, as for every command).
 
 --fix repairs only what is provably nsfleet's (stale pin files carrying its
 mark, extra mounts stacked on its own pins) and prints each change.`,
