@@ -5,10 +5,10 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"runtime/debug"
 	"strings"
 
 	"github.com/nsfleet/nsfleet/doctor"
+	"github.com/nsfleet/nsfleet/internal/version"
 	"github.com/nsfleet/nsfleet/netns"
 	"golang.org/x/sys/unix"
 )
@@ -89,17 +89,7 @@ func CaptureEnv(runDir string) Env {
 	if out, err := exec.Command("ip", "-V").Output(); err == nil {
 		e.Iproute2 = strings.TrimSpace(string(out))
 	}
-	e.Nsfleet = "devel"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				e.Nsfleet = s.Value
-			}
-			if s.Key == "vcs.modified" && s.Value == "true" {
-				e.Nsfleet += "+dirty"
-			}
-		}
-	}
+	e.Nsfleet = version.String()
 	return e
 }
 

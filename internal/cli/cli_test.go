@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"github.com/nsfleet/nsfleet/internal/reexec"
 	"golang.org/x/sys/unix"
@@ -552,5 +553,17 @@ func TestThrowawayRunDirGoes(t *testing.T) {
 	rd, _ := netns.OpenRunDir(other, false)
 	if st, err := rd.State(); err != nil || !st.IsMountPoint {
 		t.Fatalf("another tool's mount was undone: %+v %v", st, err)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	code, out, errs := run("version")
+	if code != 0 || !strings.HasPrefix(out, "nsfleet ") || !strings.Contains(out, "go1.") {
+		t.Fatalf("version: %d %q %s", code, out, errs)
+	}
+	code, out, _ = run("version", "-o", "json")
+	var v struct{ Version, Go, Linking string }
+	if code != 0 || json.Unmarshal([]byte(out), &v) != nil || v.Version == "" || v.Linking == "" {
+		t.Fatalf("version -o json: %d %q", code, out)
 	}
 }

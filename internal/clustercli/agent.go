@@ -14,6 +14,7 @@ import (
 	"github.com/nsfleet/nsfleet/cluster"
 	"github.com/nsfleet/nsfleet/cluster/etcdembed"
 	"github.com/nsfleet/nsfleet/internal/privilege"
+	"github.com/nsfleet/nsfleet/internal/version"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
@@ -109,7 +110,7 @@ nothing else.`,
 			m := cluster.NewMetrics(node)
 			a, err := cluster.NewAgent(cluster.AgentConfig{Node: node, Client: cli, RunDir: rd, LeaseTTL: ttl,
 				Capacity: capacity, AllowProcesses: allowProcs, Resync: resync, Workers: workers,
-				Log: g.log.With("node", node), Metrics: m, Version: Version, PeerAddr: peerAddr,
+				Log: g.log.With("node", node), Metrics: m, Version: version.String(), PeerAddr: peerAddr,
 				RebalanceAfter: rebalanceAfter, MaxMoves: maxMoves, NoWatchdog: !watchdog})
 			if err != nil {
 				return usageError{fmt.Errorf("agent: %w", err)}

@@ -17,12 +17,10 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/cluster"
+	"github.com/nsfleet/nsfleet/internal/version"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// Version is set at build time; it is reported in each node's key.
-var Version = "dev"
 
 // DefaultEtcd is where the agent's embedded etcd listens, and so where the
 // cluster commands look when neither --etcd nor NSFLEET_ETCD says.
@@ -72,7 +70,7 @@ shows the cluster; 'nsfleet sim' makes a whole cluster on one machine.`,
 	pf.StringVar(&g.user, "etcd-user", "", "etcd user (authentication on); the password is read from $NSFLEET_ETCD_PASSWORD")
 	pf.DurationVar(&g.dialTimeout, "dial-timeout", cluster.DefaultDialTimeout, "how long an unreachable etcd may take to report")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log more")
-	root.AddCommand(newAgent(g), newCluster(g), newSim(g), newEtcdMember(g), newWatchdog(g))
+	root.AddCommand(newAgent(g), newCluster(g), newSim(g), newEtcdMember(g), newWatchdog(g), version.Command(g.stdout))
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
