@@ -32,6 +32,7 @@ type globals struct {
 	key, user   string
 	dialTimeout time.Duration
 	verbose     bool
+	logFormat   string
 	stdout      io.Writer
 	stderr      io.Writer
 	log         *slog.Logger
@@ -58,7 +59,15 @@ shows the cluster; 'nsfleet sim' makes a whole cluster on one machine.`,
 			if g.verbose {
 				level = slog.LevelDebug
 			}
-			g.log = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
+			opts := &slog.HandlerOptions{Level: level}
+			switch g.logFormat {
+			case "text":
+				g.log = slog.New(slog.NewTextHandler(g.stderr, opts))
+			case "json":
+				g.log = slog.New(slog.NewJSONHandler(g.stderr, opts))
+			default:
+				return usageError{fmt.Errorf("--log-format %q: want text or json", g.logFormat)}
+			}
 			return nil
 		},
 	}
@@ -70,6 +79,7 @@ shows the cluster; 'nsfleet sim' makes a whole cluster on one machine.`,
 	pf.StringVar(&g.user, "etcd-user", "", "etcd user (authentication on); the password is read from $NSFLEET_ETCD_PASSWORD")
 	pf.DurationVar(&g.dialTimeout, "dial-timeout", cluster.DefaultDialTimeout, "how long an unreachable etcd may take to report")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log more")
+	pf.StringVar(&g.logFormat, "log-format", "text", "text (for people) or json (one object a line, for log shippers)")
 	root.AddCommand(newAgent(g), newCluster(g), newSim(g), newEtcdMember(g), newWatchdog(g), version.Command(g.stdout))
 	root.SetArgs(args)
 	root.SetOut(stdout)
