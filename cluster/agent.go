@@ -49,6 +49,12 @@ type AgentConfig struct {
 	// NoWatchdog: no watchdog process (watchdog.go); a stopped agent's
 	// node then keeps serving after its lease expired.
 	NoWatchdog bool
+	// Renewers, if set, are clients of one etcd endpoint each: the lease is
+	// renewed through all of them at once and the first answer counts, so
+	// that one member that stopped answering (its connection hung until
+	// keepalives time it out) does not delay a renewal past the fence
+	// point while the others answer.
+	Renewers []*clientv3.Client
 }
 
 // Agent makes one node serve what the cluster assigns to it. Its threading
@@ -87,6 +93,7 @@ type Agent struct {
 	servedVeths atomic.Pointer[[]string]
 	statusMu    sync.Mutex
 	status      NodeStatus
+	statusStale atomic.Bool // the last status put failed: put it again
 
 	desired desired // what the cluster asks of this node (watch.go)
 	held    held    // what this node holds (reconcile.go)
@@ -273,6 +280,8 @@ func (a *Agent) serve(ctx context.Context) {
 	a.reconcile(ctx, OnResync)
 	resync := time.NewTicker(a.cfg.Resync)
 	defer resync.Stop()
+	retryStatus := time.NewTicker(time.Second)
+	defer retryStatus.Stop()
 	for {
 		// Lease events first: a fence must not wait behind other work.
 		select {
@@ -305,6 +314,10 @@ func (a *Agent) serve(ctx context.Context) {
 		case <-resync.C:
 			a.held.foreign = map[string]bool{}
 			a.reconcile(ctx, OnResync)
+		case <-retryStatus.C:
+			if a.statusStale.Load() && !a.fenced.Load() {
+				a.putStatus(ctx, func(*NodeStatus) {})
+			}
 		}
 	}
 }

@@ -37,14 +37,32 @@ func (c ClientConfig) dialTimeout() time.Duration {
 // Where names the endpoints for messages.
 func (c ClientConfig) Where() string { return strings.Join(c.Endpoints, ",") }
 
-// Connect opens a client and proves etcd answers (one read) within the
-// dial timeout, so that an unreachable etcd is an error here and not a
-// hang later.
 // ErrNoAnswer is matched by errors.Is when etcd did not answer Connect's
 // first request in time: a transient fault that a daemon waits out.
 var ErrNoAnswer = errors.New("no answer")
 
+// Connect opens a client and proves etcd answers (one read) within the
+// dial timeout, so that an unreachable etcd is an error here and not a
+// hang later.
 func Connect(ctx context.Context, c ClientConfig) (*clientv3.Client, error) {
+	cli, err := Dial(c)
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, c.dialTimeout())
+	defer cancel()
+	if _, err := cli.Get(pctx, KeySchema); err != nil {
+		cli.Close()
+		if errors.Is(err, context.DeadlineExceeded) || pctx.Err() != nil {
+			return nil, fmt.Errorf("etcd %s: %w within %s (is it running and reachable? set --etcd or NSFLEET_ETCD)", c.Where(), ErrNoAnswer, c.dialTimeout())
+		}
+		return nil, fmt.Errorf("etcd %s: %w", c.Where(), err)
+	}
+	return cli, nil
+}
+
+// Dial opens a client without waiting for etcd: it connects when used.
+func Dial(c ClientConfig) (*clientv3.Client, error) {
 	if len(c.Endpoints) == 0 {
 		return nil, errors.New("no etcd endpoints")
 	}
@@ -66,15 +84,6 @@ func Connect(ctx context.Context, c ClientConfig) (*clientv3.Client, error) {
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("etcd %s: %w", c.Where(), err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, c.dialTimeout())
-	defer cancel()
-	if _, err := cli.Get(pctx, KeySchema); err != nil {
-		cli.Close()
-		if errors.Is(err, context.DeadlineExceeded) || pctx.Err() != nil {
-			return nil, fmt.Errorf("etcd %s: %w within %s (is it running and reachable? set --etcd or NSFLEET_ETCD)", c.Where(), ErrNoAnswer, c.dialTimeout())
-		}
 		return nil, fmt.Errorf("etcd %s: %w", c.Where(), err)
 	}
 	return cli, nil

@@ -80,7 +80,7 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 		}
 		sent := time.Now()
 		kctx, cancel := context.WithTimeout(ctx, max(wait, 100*time.Millisecond))
-		resp, err := a.cli.KeepAliveOnce(kctx, lease)
+		resp, err := a.renew(kctx, lease)
 		cancel()
 		switch {
 		case err == nil:
@@ -114,6 +114,35 @@ func (a *Agent) keepalive(ctx context.Context, lease clientv3.LeaseID, out chan<
 			}
 		}
 	}
+}
+
+// renew renews the lease once, through every renewer at once when there
+// are several (AgentConfig.Renewers): the first success counts, and so
+// does the first "lease not found" (the leader's word).
+func (a *Agent) renew(ctx context.Context, lease clientv3.LeaseID) (*clientv3.LeaseKeepAliveResponse, error) {
+	if len(a.cfg.Renewers) == 0 {
+		return a.cli.KeepAliveOnce(ctx, lease)
+	}
+	type answer struct {
+		resp *clientv3.LeaseKeepAliveResponse
+		err  error
+	}
+	answers := make(chan answer, len(a.cfg.Renewers))
+	for _, c := range a.cfg.Renewers {
+		go func() {
+			resp, err := c.KeepAliveOnce(ctx, lease)
+			answers <- answer{resp, err}
+		}()
+	}
+	var last error
+	for range a.cfg.Renewers {
+		ans := <-answers
+		if ans.err == nil || errors.Is(ans.err, rpctypes.ErrLeaseNotFound) {
+			return ans.resp, ans.err
+		}
+		last = ans.err
+	}
+	return nil, last
 }
 
 // renewed records a renewal sent at sent that etcd acknowledged with ttl

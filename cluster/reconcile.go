@@ -207,7 +207,11 @@ func hostVeths(f *spec.Fleet, names []string) []string {
 	return out
 }
 
-// putStatus updates this node's status key (bound to its lease).
+// putStatus updates this node's status key (bound to its lease). A put
+// that fails (etcd unreachable for a moment) is tried again by the serve
+// loop (statusStale) until one succeeds: otherwise the stored status would
+// stay what it was before the outage until the next reconcile, minutes
+// away, and cluster status and wait would not see the node converge.
 func (a *Agent) putStatus(ctx context.Context, edit func(*NodeStatus)) {
 	a.statusMu.Lock()
 	edit(&a.status)
@@ -216,7 +220,9 @@ func (a *Agent) putStatus(ctx context.Context, edit func(*NodeStatus)) {
 	a.statusMu.Unlock()
 	rctx, cancel := a.rpc(ctx)
 	defer cancel()
-	if _, err := a.cli.Put(rctx, StatusKey(a.cfg.Node), val, clientv3.WithLease(a.lease)); err != nil && ctx.Err() == nil {
+	_, err := a.cli.Put(rctx, StatusKey(a.cfg.Node), val, clientv3.WithLease(a.lease))
+	a.statusStale.Store(err != nil)
+	if err != nil && ctx.Err() == nil {
 		a.cfg.Metrics.etcdError()
 		a.log.Debug("status", "err", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func newAgent(g *globals) *cobra.Command {
@@ -98,6 +99,18 @@ nothing else.`,
 				return fmt.Errorf("agent: %w", err)
 			}
 			defer cli.Close()
+			var renewers []*clientv3.Client
+			if len(eps) > 1 {
+				for _, ep := range eps {
+					c, err := cluster.Dial(g.clientConfig([]string{ep}))
+					if err != nil {
+						g.log.Warn("agent: renewing through one endpoint fewer", "endpoint", ep, "err", err)
+						continue
+					}
+					defer c.Close()
+					renewers = append(renewers, c)
+				}
+			}
 			rd, err := netns.OpenRunDir(runDir, true)
 			if err != nil {
 				return fmt.Errorf("agent: %w", err)
@@ -111,7 +124,7 @@ nothing else.`,
 			a, err := cluster.NewAgent(cluster.AgentConfig{Node: node, Client: cli, RunDir: rd, LeaseTTL: ttl,
 				Capacity: capacity, AllowProcesses: allowProcs, Resync: resync, Workers: workers,
 				Log: g.log.With("node", node), Metrics: m, Version: version.String(), PeerAddr: peerAddr,
-				RebalanceAfter: rebalanceAfter, MaxMoves: maxMoves, NoWatchdog: !watchdog})
+				RebalanceAfter: rebalanceAfter, MaxMoves: maxMoves, NoWatchdog: !watchdog, Renewers: renewers})
 			if err != nil {
 				return usageError{fmt.Errorf("agent: %w", err)}
 			}
