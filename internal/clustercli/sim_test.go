@@ -390,7 +390,7 @@ func TestSim(t *testing.T) {
 		// not a raw gRPC error.
 		var big strings.Builder
 		big.WriteString("namespaces:\n")
-		for i := 0; i < 8000; i++ {
+		for i := 0; i < 16000; i++ {
 			fmt.Fprintf(&big, "  - name: \"%sbig-%d\"\n    veths:\n      - host: \"%sb%d\"\n        peer: qr\n        peer_addresses: [\"10.%d.%d.1/24\"]\n", prefix, i, prefix, i, i/250, i%250)
 		}
 		bigFile := filepath.Join(t.TempDir(), "big.yaml")
