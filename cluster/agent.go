@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -41,6 +43,9 @@ type AgentConfig struct {
 	// PeerAddr (host:port) is where the agent answers its peers, announced
 	// in its node key; "" turns the failsafe off (see failsafe.go).
 	PeerAddr string
+	// PeerServerTLS and PeerClientTLS (PeerTLS) make the peers' questions
+	// mutual TLS with the cluster's certificates; nil: plain HTTP.
+	PeerServerTLS, PeerClientTLS *tls.Config
 	// RebalanceAfter: a node that came back gets namespaces moved onto it
 	// by balance only after this long (0: DefaultSettle); MaxMoves bounds
 	// the balance moves of one scheduling step (0: DefaultMaxMoves).
@@ -81,6 +86,7 @@ type Agent struct {
 	// read (UnixNano): it had a quorum then. What peers are told.
 	lastQuorum atomic.Int64
 	peers      peerBook
+	peerHTTP   *http.Client
 	lostLease  bool // this agent held a lease before and lost it
 	// fencePoint (UnixNano) is when the agent must stop acting unless
 	// its lease was renewed: the earliest expiry minus the fence margin.
@@ -124,7 +130,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Agent{cfg: cfg, cli: cfg.Client, log: cfg.Log,
+	return &Agent{cfg: cfg, cli: cfg.Client, log: cfg.Log, peerHTTP: peerClient(cfg.PeerClientTLS),
 		kernel: &engine{rd: cfg.RunDir, workers: cfg.Workers, log: cfg.Log},
 		held:   held{served: map[string]bool{}, applied: map[string]*spec.Namespace{}, foreign: map[string]bool{}}}, nil
 }

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,6 +63,9 @@ func (a *Agent) servePeers(ctx context.Context) error {
 		return fmt.Errorf("peer address %s: %w", a.cfg.PeerAddr, err)
 	}
 	srv := &http.Server{Handler: a.PeerHandler(), ReadHeaderTimeout: time.Second}
+	if a.cfg.PeerServerTLS != nil {
+		ln = tls.NewListener(ln, a.cfg.PeerServerTLS)
+	}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
@@ -74,6 +78,9 @@ func (a *Agent) servePeers(ctx context.Context) error {
 func (a *Agent) peerURL() string {
 	if a.cfg.PeerAddr == "" {
 		return ""
+	}
+	if a.cfg.PeerServerTLS != nil {
+		return "https://" + a.cfg.PeerAddr + PeerPath
 	}
 	return "http://" + a.cfg.PeerAddr + PeerPath
 }
@@ -165,7 +172,7 @@ func (a *Agent) askPeers(ctx context.Context, timeout time.Duration) (bool, stri
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ans, err := askPeer(ctx, url)
+			ans, err := askPeer(ctx, a.peerHTTP, url)
 			if err == nil && ans.Node == node {
 				mu.Lock()
 				answers[node] = ans
@@ -177,14 +184,18 @@ func (a *Agent) askPeers(ctx context.Context, timeout time.Duration) (bool, stri
 	return FailsafeVerdict(names, answers)
 }
 
-var peerClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
+// peerClient asks peers; with tlsConfig (PeerTLS) it speaks TLS with the
+// node's certificate.
+func peerClient(tlsConfig *tls.Config) *http.Client {
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil, TLSClientConfig: tlsConfig}}
+}
 
-func askPeer(ctx context.Context, url string) (*PeerAnswer, error) {
+func askPeer(ctx context.Context, client *http.Client, url string) (*PeerAnswer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := peerClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package clustercli
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -120,11 +121,20 @@ nothing else.`,
 				return fmt.Errorf("agent: %w", err)
 			}
 			defer lock.Unlock()
+			var peerSrv, peerCli *tls.Config
+			if peerAddr != "" && g.ca != "" && g.cert != "" && g.key != "" {
+				// The peers' questions are mutual TLS with the certificates
+				// every agent has for etcd.
+				if peerSrv, peerCli, err = cluster.PeerTLS(g.ca, g.cert, g.key); err != nil {
+					return fmt.Errorf("agent: %w", err)
+				}
+			}
 			m := cluster.NewMetrics(node)
 			a, err := cluster.NewAgent(cluster.AgentConfig{Node: node, Client: cli, RunDir: rd, LeaseTTL: ttl,
 				Capacity: capacity, AllowProcesses: allowProcs, Resync: resync, Workers: workers,
 				Log: g.log.With("node", node), Metrics: m, Version: version.String(), PeerAddr: peerAddr,
-				RebalanceAfter: rebalanceAfter, MaxMoves: maxMoves, NoWatchdog: !watchdog, Renewers: renewers})
+				RebalanceAfter: rebalanceAfter, MaxMoves: maxMoves, NoWatchdog: !watchdog, Renewers: renewers,
+				PeerServerTLS: peerSrv, PeerClientTLS: peerCli})
 			if err != nil {
 				return usageError{fmt.Errorf("agent: %w", err)}
 			}
@@ -152,7 +162,7 @@ nothing else.`,
 	f.DurationVar(&resync, "resync", 5*time.Minute, "full check of every assigned namespace this often")
 	f.StringVar(&dataDir, "data-dir", "/var/lib/nsfleet", "data of the embedded etcd (used without --etcd)")
 	f.IntVarP(&workers, "workers", "w", 0, "parallel workers (0: one per CPU)")
-	f.StringVar(&peerAddr, "peer-addr", "", "host:port on the node network where this agent answers its peers (announced in etcd); with it, an agent that loses etcd keeps serving while no peer reaches etcd either (failsafe); empty: it fences")
+	f.StringVar(&peerAddr, "peer-addr", "", "host:port on the node network where this agent answers its peers (announced in etcd); with it, an agent that loses etcd keeps serving while no peer reaches etcd either (failsafe); empty: it fences. With --etcd-ca, --etcd-cert and --etcd-key the peers speak mutual TLS with those certificates")
 	f.DurationVar(&rebalanceAfter, "rebalance-after", cluster.DefaultSettle, "when this agent schedules: a node that came back (new lease after a pause or partition) gets namespaces moved onto it by balance only after this long")
 	f.BoolVar(&watchdog, "watchdog", true, "run a watchdog process that sets this node's host veths down when the agent stops extending its deadline (stopped, frozen, or gone without a successor), at the moment the agent would have fenced")
 	f.IntVar(&maxMoves, "max-moves", cluster.DefaultMaxMoves, "when this agent schedules: most namespaces balance moves in one step (failover and drain are not bounded)")
