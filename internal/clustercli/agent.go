@@ -2,7 +2,6 @@ package clustercli
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,12 +22,8 @@ import (
 )
 
 func newAgent(g *globals) *cobra.Command {
-	var node, runDir, metricsAddr, dataDir, peerAddr string
-	var ttl, resync time.Duration
-	var capacity, workers, maxMoves int
-	var rebalanceAfter time.Duration
-	watchdog := true
-	var allowProcs bool
+	var cfg cluster.AgentConfig
+	var local agentLocal
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Serve this node's share of the cluster's fleet, and fail over for lost nodes",
@@ -63,56 +58,37 @@ nothing else.`,
 			if err := privilege.Need("agent"); err != nil {
 				return err
 			}
-			if node == "" {
+			if cfg.Node == "" {
 				h, err := os.Hostname()
 				if err != nil {
 					return fmt.Errorf("agent: --node not given and no hostname: %w", err)
 				}
-				node = h
+				cfg.Node = h
 			}
-			if err := cluster.ValidNodeName(node); err != nil {
+			if err := cluster.ValidNodeName(cfg.Node); err != nil {
 				return usageError{fmt.Errorf("agent: %w", err)}
 			}
-			if capacity < 0 {
-				return usageError{fmt.Errorf("agent: --capacity %d: want 0 (no limit) or more", capacity)}
+			if cfg.Capacity < 0 {
+				return usageError{fmt.Errorf("agent: --capacity %d: want 0 (no limit) or more", cfg.Capacity)}
 			}
 			ctx := cmd.Context()
 			eps, given := g.endpoints()
 			if !given {
-				srv, err := etcdembed.Start(etcdembed.Member{Name: node, DataDir: filepath.Join(dataDir, "etcd"),
+				srv, err := etcdembed.Start(etcdembed.Member{Name: cfg.Node, DataDir: filepath.Join(local.dataDir, "etcd"),
 					Client: DefaultEtcd, Peer: "http://127.0.0.1:2380"})
 				if err != nil {
 					return fmt.Errorf("agent: embedded etcd: %w", err)
 				}
 				defer srv.Close()
-				g.log.Info("embedded etcd serving on loopback", "client", DefaultEtcd, "data", dataDir)
+				g.log.Info("embedded etcd serving on loopback", "client", DefaultEtcd, "data", local.dataDir)
 			}
-			// A service waits for etcd: an agent started (or restarted)
-			// while etcd is down must come up when it does, and its
-			// namespaces are left alone meanwhile.
-			cli, err := cluster.Connect(ctx, g.clientConfig(eps))
-			for errors.Is(err, cluster.ErrNoAnswer) && ctx.Err() == nil {
-				g.log.Warn("agent: waiting for etcd", "err", err)
-				time.Sleep(time.Second)
-				cli, err = cluster.Connect(ctx, g.clientConfig(eps))
+			var closeAll func()
+			var err error
+			if cfg.Client, cfg.Renewers, closeAll, err = dialAgentEtcd(ctx, g, eps); err != nil {
+				return err
 			}
-			if err != nil {
-				return fmt.Errorf("agent: %w", err)
-			}
-			defer cli.Close()
-			var renewers []*clientv3.Client
-			if len(eps) > 1 {
-				for _, ep := range eps {
-					c, err := cluster.Dial(g.clientConfig([]string{ep}))
-					if err != nil {
-						g.log.Warn("agent: renewing through one endpoint fewer", "endpoint", ep, "err", err)
-						continue
-					}
-					defer c.Close()
-					renewers = append(renewers, c)
-				}
-			}
-			rd, err := netns.OpenRunDir(runDir, true)
+			defer closeAll()
+			rd, err := netns.OpenRunDir(local.runDir, true)
 			if err != nil {
 				return fmt.Errorf("agent: %w", err)
 			}
@@ -121,25 +97,21 @@ nothing else.`,
 				return fmt.Errorf("agent: %w", err)
 			}
 			defer lock.Unlock()
-			var peerSrv, peerCli *tls.Config
-			if peerAddr != "" && g.ca != "" && g.cert != "" && g.key != "" {
+			if cfg.PeerAddr != "" && g.ca != "" && g.cert != "" && g.key != "" {
 				// The peers' questions are mutual TLS with the certificates
 				// every agent has for etcd.
-				if peerSrv, peerCli, err = cluster.PeerTLS(g.ca, g.cert, g.key); err != nil {
+				if cfg.PeerServerTLS, cfg.PeerClientTLS, err = cluster.PeerTLS(g.ca, g.cert, g.key); err != nil {
 					return fmt.Errorf("agent: %w", err)
 				}
 			}
-			m := cluster.NewMetrics(node)
-			a, err := cluster.NewAgent(cluster.AgentConfig{Node: node, Client: cli, RunDir: rd, LeaseTTL: ttl,
-				Capacity: capacity, AllowProcesses: allowProcs, Resync: resync, Workers: workers,
-				Log: g.log.With("node", node), Metrics: m, Version: version.String(), PeerAddr: peerAddr,
-				RebalanceAfter: rebalanceAfter, MaxMoves: maxMoves, NoWatchdog: !watchdog, Renewers: renewers,
-				PeerServerTLS: peerSrv, PeerClientTLS: peerCli})
+			cfg.RunDir, cfg.Metrics = rd, cluster.NewMetrics(cfg.Node)
+			cfg.Log, cfg.Version, cfg.NoWatchdog = g.log.With("node", cfg.Node), version.String(), !local.watchdog
+			a, err := cluster.NewAgent(cfg)
 			if err != nil {
 				return usageError{fmt.Errorf("agent: %w", err)}
 			}
-			if metricsAddr != "" {
-				srv, err := serveMetrics(metricsAddr, m, a)
+			if local.metricsAddr != "" {
+				srv, err := serveMetrics(local.metricsAddr, cfg.Metrics, a)
 				if err != nil {
 					return fmt.Errorf("agent: metrics: %w", err)
 				}
@@ -152,21 +124,65 @@ nothing else.`,
 			return err
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&node, "node", "", "this node's name in the cluster (default: the hostname)")
-	f.StringVar(&runDir, "run-dir", netns.DefaultRunDir, "directory of namespace pins")
-	f.DurationVar(&ttl, "lease-ttl", 5*time.Second, "node lease: a node silent this long is lost and its namespaces move")
-	f.IntVar(&capacity, "capacity", 0, "most namespaces this node takes (0: no limit)")
-	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:9465", "address of /metrics and /healthz (empty: none)")
-	f.BoolVar(&allowProcs, "allow-processes", false, "serve specs that run processes (whoever can write the cluster's keys then runs commands as root here)")
-	f.DurationVar(&resync, "resync", 5*time.Minute, "full check of every assigned namespace this often")
-	f.StringVar(&dataDir, "data-dir", "/var/lib/nsfleet", "data of the embedded etcd (used without --etcd)")
-	f.IntVarP(&workers, "workers", "w", 0, "parallel workers (0: one per CPU)")
-	f.StringVar(&peerAddr, "peer-addr", "", "host:port on the node network where this agent answers its peers (announced in etcd); with it, an agent that loses etcd keeps serving while no peer reaches etcd either (failsafe); empty: it fences. With --etcd-ca, --etcd-cert and --etcd-key the peers speak mutual TLS with those certificates")
-	f.DurationVar(&rebalanceAfter, "rebalance-after", cluster.DefaultSettle, "when this agent schedules: a node that came back (new lease after a pause or partition) gets namespaces moved onto it by balance only after this long")
-	f.BoolVar(&watchdog, "watchdog", true, "run a watchdog process that sets this node's host veths down when the agent stops extending its deadline (stopped, frozen, or gone without a successor), at the moment the agent would have fenced")
-	f.IntVar(&maxMoves, "max-moves", cluster.DefaultMaxMoves, "when this agent schedules: most namespaces balance moves in one step (failover and drain are not bounded)")
+	agentFlags(cmd, &cfg, &local)
 	return cmd
+}
+
+// agentLocal is what the agent command needs beyond cluster.AgentConfig.
+type agentLocal struct {
+	runDir, metricsAddr, dataDir string
+	watchdog                     bool
+}
+
+func agentFlags(cmd *cobra.Command, cfg *cluster.AgentConfig, local *agentLocal) {
+	f := cmd.Flags()
+	f.StringVar(&cfg.Node, "node", "", "this node's name in the cluster (default: the hostname)")
+	f.StringVar(&local.runDir, "run-dir", netns.DefaultRunDir, "directory of namespace pins")
+	f.DurationVar(&cfg.LeaseTTL, "lease-ttl", 5*time.Second, "node lease: a node silent this long is lost and its namespaces move")
+	f.IntVar(&cfg.Capacity, "capacity", 0, "most namespaces this node takes (0: no limit)")
+	f.StringVar(&local.metricsAddr, "metrics-addr", "127.0.0.1:9465", "address of /metrics and /healthz (empty: none)")
+	f.BoolVar(&cfg.AllowProcesses, "allow-processes", false, "serve specs that run processes (whoever can write the cluster's keys then runs commands as root here)")
+	f.DurationVar(&cfg.Resync, "resync", 5*time.Minute, "full check of every assigned namespace this often")
+	f.StringVar(&local.dataDir, "data-dir", "/var/lib/nsfleet", "data of the embedded etcd (used without --etcd)")
+	f.IntVarP(&cfg.Workers, "workers", "w", 0, "parallel workers (0: one per CPU)")
+	f.StringVar(&cfg.PeerAddr, "peer-addr", "", "host:port on the node network where this agent answers its peers (announced in etcd); with it, an agent that loses etcd keeps serving while no peer reaches etcd either (failsafe); empty: it fences. With --etcd-ca, --etcd-cert and --etcd-key the peers speak mutual TLS with those certificates")
+	f.DurationVar(&cfg.RebalanceAfter, "rebalance-after", cluster.DefaultSettle, "when this agent schedules: a node that came back (new lease after a pause or partition) gets namespaces moved onto it by balance only after this long")
+	f.BoolVar(&local.watchdog, "watchdog", true, "run a watchdog process that sets this node's host veths down when the agent stops extending its deadline (stopped, frozen, or gone without a successor), at the moment the agent would have fenced")
+	f.IntVar(&cfg.MaxMoves, "max-moves", cluster.DefaultMaxMoves, "when this agent schedules: most namespaces balance moves in one step (failover and drain are not bounded)")
+}
+
+// dialAgentEtcd connects the agent's client, waiting for etcd as a service
+// does (an agent started while etcd is down comes up when it does, and its
+// namespaces are left alone meanwhile), and with several endpoints one
+// client per endpoint to renew the lease through (AgentConfig.Renewers).
+func dialAgentEtcd(ctx context.Context, g *globals, eps []string) (*clientv3.Client, []*clientv3.Client, func(), error) {
+	cli, err := cluster.Connect(ctx, g.clientConfig(eps))
+	for errors.Is(err, cluster.ErrNoAnswer) && ctx.Err() == nil {
+		g.log.Warn("agent: waiting for etcd", "err", err)
+		time.Sleep(time.Second)
+		cli, err = cluster.Connect(ctx, g.clientConfig(eps))
+	}
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("agent: %w", err)
+	}
+	var renewers []*clientv3.Client
+	if len(eps) > 1 {
+		for _, ep := range eps {
+			c, err := cluster.Dial(g.clientConfig([]string{ep}))
+			if err != nil {
+				g.log.Warn("agent: renewing through one endpoint fewer", "endpoint", ep, "err", err)
+				continue
+			}
+			renewers = append(renewers, c)
+		}
+	}
+	closeAll := func() {
+		for _, c := range renewers {
+			c.Close()
+		}
+		cli.Close()
+	}
+	return cli, renewers, closeAll, nil
 }
 
 type closer interface{ Close() error }
