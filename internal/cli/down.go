@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/netns"
 	"github.com/spf13/cobra"
 )
 
@@ -122,13 +123,7 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 				return &exitError{code: ExitFailed, err: fmt.Errorf("down: %w", err)}
 			}
 			if !dryRun {
-				// A private run dir left empty goes back to a plain
-				// directory, so that removing it just works.
-				if released, err := rd.Release(); err != nil {
-					fmt.Fprintln(g.stderr, "nsfleet: down:", err)
-				} else if released {
-					fmt.Fprintf(g.stdout, "down: run dir %s is empty: nsfleet's bind mount on it removed\n", rd.Path)
-				}
+				releaseRunDir(g, rd)
 			}
 			return nil
 		},
@@ -180,4 +175,14 @@ func printDownReport(w io.Writer, r *fleet.DownReport, dryRun bool) {
 	}
 	fmt.Fprintf(w, "down: kernel finished in %.2fs: %d host veths gone at %.2fs, namespaces freed at %.2fs\n",
 		r.Freed.Seconds(), r.HostVeths, r.LinksGone.Seconds(), r.Freed.Seconds())
+}
+
+// releaseRunDir turns a private run dir left empty back into a plain
+// directory, so that removing it just works (netns.RunDir.Release).
+func releaseRunDir(g *globals, rd *netns.RunDir) {
+	if released, err := rd.Release(); err != nil {
+		fmt.Fprintln(g.stderr, "nsfleet: down:", err)
+	} else if released {
+		fmt.Fprintf(g.stdout, "down: run dir %s is empty: nsfleet's bind mount on it removed\n", rd.Path)
+	}
 }
