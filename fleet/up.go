@@ -261,6 +261,9 @@ func (w *worker) startProcesses(h *netns.NS, ns, prev *spec.Namespace) ([]string
 		if err != nil {
 			return did, err
 		}
+		if rec != nil && rec.Launching {
+			continue // being launched by another nsfleet right now
+		}
 		changed := proc.Alive(rec) && proc.Changed(rec, p)
 		if proc.Alive(rec) && !changed {
 			continue

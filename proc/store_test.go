@@ -57,3 +57,31 @@ func TestRecordsDoNotRewriteALaunch(t *testing.T) {
 		t.Fatalf("Records rewrote the launcher's record:\n%s\nwas\n%s", after, before)
 	}
 }
+
+// A launch whose launcher still runs is in progress, not cut short: even
+// the supervisor (which saves what it recovers) leaves it alone, so that
+// it never starts the process a second time while the launcher (up, or
+// the agent's engine after a spec change) is starting it. Found by the
+// day-two journey: a daemon whose command changed ran twice.
+func TestLaunchInProgressIsLeftAlone(t *testing.T) {
+	s := &Store{Dir: t.TempDir()}
+	self := os.Getpid()
+	start, _, err := procStart(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Save(&Record{Namespace: "ns1", Name: "d", Launching: true, Launcher: self, LauncherStart: start})
+	before, _ := os.ReadFile(s.recordPath("ns1", "d"))
+	r, err := s.Load("ns1", "d") // the supervisor's load: it saves recoveries
+	if err != nil || r == nil || !r.Launching || Alive(r) {
+		t.Fatalf("Load = %+v, %v; want the launch in progress", r, err)
+	}
+	if after, _ := os.ReadFile(s.recordPath("ns1", "d")); string(after) != string(before) {
+		t.Fatalf("Load rewrote a launch in progress:\n%s\nwas\n%s", after, before)
+	}
+	// A launcher that is gone (same PID, another start time): cut short.
+	s.Save(&Record{Namespace: "ns1", Name: "d", Launching: true, Launcher: self, LauncherStart: start + 1})
+	if r, _ := s.Load("ns1", "d"); r.Launching {
+		t.Fatalf("a launch whose launcher is gone was left as in progress: %+v", r)
+	}
+}

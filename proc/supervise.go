@@ -59,6 +59,21 @@ type Record struct {
 	// is known. A record still launching when read means nsfleet died in
 	// between: Load then looks for the process by its marker (see Launch).
 	Launching bool `json:"launching,omitempty"`
+	// Launcher and LauncherStart name the process that is launching
+	// (with Launching): while it lives, the launch is in progress, not
+	// cut short, and nobody else may recover or repeat it.
+	Launcher      int    `json:"launcher,omitempty"`
+	LauncherStart uint64 `json:"launcher_start,omitempty"`
+}
+
+// launchInProgress reports whether r is a launch whose launcher is still
+// running (as opposed to one a crash cut short).
+func launchInProgress(r *Record) bool {
+	if !r.Launching || r.Launcher <= 0 {
+		return false
+	}
+	start, state, err := procStart(r.Launcher)
+	return err == nil && state != 'Z' && start == r.LauncherStart
 }
 
 // MarkerEnv is the environment variable Launch gives every process, naming
@@ -131,10 +146,10 @@ func (s *Store) load(ns, name string, save bool) (*Record, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("record %s: %w", s.recordPath(ns, name), err)
 	}
-	if r.Launching {
+	if r.Launching && !launchInProgress(&r) {
 		return s.recoverLaunch(&r, save)
 	}
-	return &r, nil
+	return &r, nil // a launch in progress stays as it is: Launching, no PID
 }
 
 // Save writes a record atomically.
@@ -268,7 +283,10 @@ func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int
 	// the record, the next Load finds the process by its marker.
 	started := time.Now()
 	fp := Fingerprint(p)
-	if err := s.Save(&Record{Namespace: nsName, Name: p.Name, Restarts: restarts, Started: started, Command: p.Command, Spec: fp, Launching: true}); err != nil {
+	self := os.Getpid()
+	selfStart, _, _ := procStart(self)
+	if err := s.Save(&Record{Namespace: nsName, Name: p.Name, Restarts: restarts, Started: started, Command: p.Command, Spec: fp,
+		Launching: true, Launcher: self, LauncherStart: selfStart}); err != nil {
 		return nil, nil, fmt.Errorf("process %s: record: %w%s", p.Name, err, netns.FullOrReadOnly(s.Dir, err))
 	}
 	env := append(os.Environ(), s.marker(nsName, p.Name))

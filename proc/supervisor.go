@@ -195,8 +195,11 @@ func (sv *supervisor) pass(now time.Time) {
 			sv.log.Warn("read record", "namespace", w.ns.Name, "process", w.p.Name, "err", err)
 			continue
 		}
-		if rec != nil && rec.Stopped {
-			continue // stopped by down or by hand: not ours to restart
+		if rec != nil && (rec.Stopped || rec.Launching) {
+			// Stopped by down or by hand: not ours to restart. Or being
+			// launched right now by another (up, the agent's engine):
+			// adopted once it runs.
+			continue
 		}
 		if Alive(rec) {
 			// Running, started by an earlier run or by up meanwhile.
@@ -272,7 +275,9 @@ func (sv *supervisor) exited(w *watched, now time.Time) {
 	w.pid, w.child, w.reaped = 0, false, nil
 	sv.log.Info("exited", "namespace", w.ns.Name, "process", w.p.Name, "pid", pid, "status", status, "ran", e.Ran.Round(time.Millisecond))
 	// A process stopped by down is not restarted.
-	if rec, err := sv.s.Load(w.ns.Name, w.p.Name); err == nil && rec != nil && rec.Stopped {
+	if rec, err := sv.s.Load(w.ns.Name, w.p.Name); err == nil && rec != nil && (rec.Stopped || rec.Launching) {
+		// Stopped, or replaced by a launch in progress (a spec change):
+		// the next pass adopts the new process.
 		w.next = time.Time{}
 		return
 	}
