@@ -128,23 +128,17 @@ func Decide(t Trigger, o Observation) Decision {
 	for _, n := range d.Want {
 		want, _ := o.Fleet.Lookup(n)
 		prev, applied := o.Applied[n]
-		switch {
-		case t == OnResync, t == OnDrift && (o.AllDrifted || o.Drifted[n]), !applied:
-			d.Up = append(d.Up, n)
-		case !prev.Same(want):
-			d.Up = append(d.Up, n)
-		default:
-			continue
-		}
-		if applied && !prev.Same(want) {
+		changed := applied && !prev.Same(want)
+		if changed {
 			if d.Previous == nil {
 				d.Previous = map[string]*spec.Namespace{}
 			}
 			d.Previous[n] = prev
 		}
-	}
-	for _, n := range d.Want {
-		if ns, _ := o.Fleet.Lookup(n); len(ns.Processes) > 0 {
+		if changed || !applied || t == OnResync || t == OnDrift && (o.AllDrifted || o.Drifted[n]) {
+			d.Up = append(d.Up, n)
+		}
+		if len(want.Processes) > 0 {
 			d.Supervise = append(d.Supervise, n)
 		}
 	}

@@ -185,16 +185,8 @@ func (a *Agent) fence(ctx context.Context) {
 	start := time.Now()
 	n := 0
 	if fl := a.desired.fleet; fl != nil {
-		pins, _ := a.cfg.RunDir.List()
-		var names []string
-		for _, p := range pins {
-			if ns, ok := fl.Lookup(p.Name); ok {
-				for _, v := range ns.Veths {
-					names = append(names, v.Host)
-				}
-			}
-		}
-		n = setHostVethsDown(names)
+		pins, _ := a.kernel.pins()
+		n = setHostVethsDown(hostVeths(fl, pins))
 	}
 	// What was made to match is no longer served as the spec says (its
 	// veths are down): every namespace is checked again once unfenced.

@@ -434,9 +434,6 @@ func check(rd *netns.RunDir, snap *snapshot, name string, adopt bool) (*target, 
 	return tg, nil
 }
 
-// IsOwned reports whether nsfleet made (or adopted) the namespace
-// (rtnl.Owned).
-func IsOwned(h *netns.NS) (bool, error) { return rtnl.Owned(h) }
 
 // hostVeth is a host end that Down waits for.
 type hostVeth struct {

@@ -742,8 +742,8 @@ func (f *Fleet) HasProcesses() bool {
 // every field but Origin (a line added above a template moves its
 // namespaces' origins without changing them).
 func (n *Namespace) Same(o *Namespace) bool {
-	if n == nil || o == nil {
-		return n == o
+	if n == o || n == nil || o == nil {
+		return n == o // the same namespace of the same parsed fleet: no walk
 	}
 	a, b := *n, *o
 	a.Origin, b.Origin = Origin{}, Origin{}
