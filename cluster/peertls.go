@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 )
 
 // PeerTLS returns the TLS configurations of the failsafe's peer questions,
@@ -15,18 +14,12 @@ import (
 // only if the CA signed it. Host names are not checked (node addresses
 // are rarely in etcd client certificates); the CA is the trust.
 func PeerTLS(caFile, certFile, keyFile string) (server, client *tls.Config, err error) {
-	pem, err := os.ReadFile(caFile)
+	// The same files, read as for etcd itself.
+	base, err := tlsConfig(ClientConfig{CA: caFile, Cert: certFile, Key: keyFile})
 	if err != nil {
-		return nil, nil, fmt.Errorf("peer TLS: CA: %w", err)
+		return nil, nil, fmt.Errorf("peer TLS: %w", err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, nil, fmt.Errorf("peer TLS: %s: no PEM certificate in it", caFile)
-	}
-	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, nil, fmt.Errorf("peer TLS: certificate: %w", err)
-	}
+	pool, pair := base.RootCAs, base.Certificates[0]
 	verify := func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return errors.New("peer TLS: no certificate")

@@ -153,21 +153,43 @@ func (c *checker) upByRouter() map[string][]string {
 	nodes := slices.Clone(c.nodes)
 	c.mu.Unlock()
 	out := map[string][]string{}
+	for node, up := range UpLinks(nodes) {
+		for name := range up {
+			if r, ok := c.o.Routers[name]; ok {
+				out[r] = append(out[r], node)
+			}
+		}
+	}
+	return out
+}
+
+// UpLinks reads, from each node's own kernel (its network namespace, not
+// etcd), the links that are up there: the host ends of what it serves.
+// A node whose namespace is gone (killed meanwhile) is left out.
+func UpLinks(nodes []NodeInfo) map[string]map[string]bool {
+	out := map[string]map[string]bool{}
 	for _, n := range nodes {
+		if n.Killed {
+			continue
+		}
 		h, err := netns.OpenPath(n.NetPin)
 		if err != nil {
-			continue // killed meanwhile
+			continue
 		}
-		rtnl.Inside(h, rtnl.OpenLite, func(conn *rtnl.Conn) error {
+		up := map[string]bool{}
+		err = rtnl.Inside(h, rtnl.OpenLite, func(conn *rtnl.Conn) error {
 			links, err := conn.Links()
 			for _, l := range links {
-				if r, ok := c.o.Routers[l.Name]; ok && l.Up {
-					out[r] = append(out[r], n.Name)
+				if l.Up {
+					up[l.Name] = true
 				}
 			}
 			return err
 		})
 		h.Close()
+		if err == nil {
+			out[n.Name] = up
+		}
 	}
 	return out
 }

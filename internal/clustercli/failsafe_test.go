@@ -14,8 +14,6 @@ import (
 	"github.com/nsfleet/nsfleet/cluster"
 	"github.com/nsfleet/nsfleet/cluster/sim"
 	"github.com/nsfleet/nsfleet/internal/nstest"
-	"github.com/nsfleet/nsfleet/netns"
-	"github.com/nsfleet/nsfleet/rtnl"
 )
 
 // hostVethsUp counts, per node and in all, the host veths named with
@@ -168,29 +166,22 @@ func TestEtcdQuorumLoss(t *testing.T) {
 func vethsUpByNode(t *testing.T, st *sim.State, prefix string) map[string]map[string]bool {
 	t.Helper()
 	out := map[string]map[string]bool{}
-	for _, n := range st.Nodes {
-		if n.Killed {
-			continue
-		}
-		h, err := netns.OpenPath(n.NetPin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		up := map[string]bool{}
-		err = rtnl.Inside(h, rtnl.OpenLite, func(c *rtnl.Conn) error {
-			links, err := c.Links()
-			for _, l := range links {
-				if strings.HasPrefix(l.Name, prefix) && l.Up {
-					up[l.Name] = true
-				}
+	for node, up := range sim.UpLinks(st.Nodes) {
+		out[node] = map[string]bool{}
+		for name := range up {
+			if strings.HasPrefix(name, prefix) {
+				out[node][name] = true
 			}
-			return err
-		})
-		h.Close()
-		if err != nil {
-			t.Fatal(err)
 		}
-		out[n.Name] = up
+	}
+	live := 0
+	for _, n := range st.Nodes {
+		if !n.Killed {
+			live++
+		}
+	}
+	if len(out) != live {
+		t.Fatalf("read the links of %d of %d nodes", len(out), live)
 	}
 	return out
 }
