@@ -17,6 +17,8 @@
 //	/nsfleet/v1/failovers/REV     Failover, one per node lost (REV: zero-padded)
 //	/nsfleet/v1/force-failover/NODE  an operator's order to move a lost node's
 //	                              namespaces although most nodes are lost
+//	/nsfleet/v1/failover-held/NODE   the scheduler holds NODE's failover (lost
+//	                              with most nodes) until it returns or is forced
 //	/nsfleet/v1/scheduler/...     the scheduler election (etcd concurrency)
 //
 // # Guarantees
@@ -54,6 +56,7 @@ const (
 	AssignPrefix   = Prefix + "assign/"
 	FailoverPrefix = Prefix + "failovers/"
 	ForcePrefix    = Prefix + "force-failover/"
+	HeldPrefix     = Prefix + "failover-held/"
 	ElectionPrefix = Prefix + "scheduler"
 	SchemaVersion  = "1"
 )
@@ -147,6 +150,7 @@ func StatusKey(node string) string { return StatusPrefix + node }
 func CordonKey(node string) string { return CordonPrefix + node }
 func AssignKey(node string) string { return AssignPrefix + node }
 func ForceKey(node string) string  { return ForcePrefix + node }
+func HeldKey(node string) string   { return HeldPrefix + node }
 
 // FailoverKey orders failover records by revision.
 func FailoverKey(rev int64) string { return fmt.Sprintf("%s%020d", FailoverPrefix, rev) }

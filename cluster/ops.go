@@ -35,6 +35,8 @@ type Snapshot struct {
 	Bad map[string]error
 	// Forced: lost nodes an operator ordered failed over (ForceKey).
 	Forced map[string]bool
+	// Held: lost nodes whose failover the scheduler holds (HeldKey).
+	Held map[string]bool
 }
 
 // Unreadable names the keys the scheduler must be able to read (the spec
@@ -58,7 +60,7 @@ func Read(ctx context.Context, cli *clientv3.Client) (*Snapshot, error) {
 	s := &Snapshot{
 		Rev: resp.Header.Revision, Nodes: map[string]NodeInfo{}, Status: map[string]NodeStatus{},
 		Cordons: map[string]Cordon{}, Assign: map[string]Assignment{}, AssignRev: map[string]int64{},
-		Bad: map[string]error{}, Forced: map[string]bool{},
+		Bad: map[string]error{}, Forced: map[string]bool{}, Held: map[string]bool{},
 	}
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
@@ -99,6 +101,8 @@ func Read(ctx context.Context, cli *clientv3.Client) (*Snapshot, error) {
 			s.AssignRev[NodeOf(k, AssignPrefix)] = kv.ModRevision
 		case strings.HasPrefix(k, ForcePrefix):
 			s.Forced[NodeOf(k, ForcePrefix)] = true
+		case strings.HasPrefix(k, HeldPrefix):
+			s.Held[NodeOf(k, HeldPrefix)] = true
 		case strings.HasPrefix(k, FailoverPrefix):
 			var v Failover
 			rev, perr := strconv.ParseInt(NodeOf(k, FailoverPrefix), 10, 64)

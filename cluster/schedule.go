@@ -31,6 +31,10 @@ type State struct {
 	// Forced: dead nodes whose namespaces an operator had moved even
 	// though more than half of the nodes are lost (cluster failover).
 	Forced map[string]bool
+	// Held: dead nodes whose failover a previous plan held. They stay held
+	// (until they return or are forced) even when the loss no longer looks
+	// massive: forcing one node's failover must not release the others.
+	Held map[string]bool
 	// MaxMoves bounds the names balance releases in one plan (0: no
 	// bound). Failover and drain are not bounded.
 	MaxMoves int
@@ -88,7 +92,7 @@ func Schedule(s State) Plan {
 	for _, node := range nodes {
 		a := s.Assign[node]
 		v := s.Nodes[node]
-		if !v.Alive && hold && !s.Forced[node] {
+		if !v.Alive && (hold || s.Held[node]) && !s.Forced[node] {
 			for _, name := range append(append([]string(nil), a.Names...), a.Releasing...) {
 				placed[name] = true
 			}

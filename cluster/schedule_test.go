@@ -315,3 +315,29 @@ func TestPending(t *testing.T) {
 		t.Errorf("unknown name: %q", p)
 	}
 }
+
+// A hold outlasts the moment that looked like a mass loss: once c's
+// failover is forced, b (still lost, its hold remembered) stays held.
+func TestScheduleHoldIsRemembered(t *testing.T) {
+	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s.Assign = applyPlan(s, Schedule(s))
+	delete(s.Nodes, "b")
+	delete(s.Nodes, "c")
+	p := Schedule(s)
+	if len(p.Held) != 2 {
+		t.Fatalf("held %v, want b and c", p.Held)
+	}
+	s.Held = map[string]bool{"b": true, "c": true}
+	s.Forced = map[string]bool{"c": true}
+	s.Assign = applyPlan(s, Schedule(s))
+	s.Forced = nil
+	// c failed over; b alone is lost of a and b, but its hold is kept.
+	if p := Schedule(s); p.Changed() || len(p.Held) != 1 || p.Held[0] != "b" {
+		t.Fatalf("after c's forced failover: plan %+v, want b still held", p)
+	}
+	// b returns: nothing held, nothing moved.
+	s.Nodes = alive("a", "b")
+	if p := Schedule(s); len(p.Held) != 0 {
+		t.Fatalf("b back: held %v", p.Held)
+	}
+}

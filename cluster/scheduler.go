@@ -158,7 +158,7 @@ func (sc *scheduler) names(snap *Snapshot) ([]string, bool) {
 // State turns a snapshot into the scheduler's input. A spec with
 // processes treats nodes that do not allow them as cordoned.
 func StateOf(snap *Snapshot, names []string, procs bool) State {
-	st := State{Names: names, Nodes: map[string]NodeView{}, Assign: snap.Assign, Forced: snap.Forced}
+	st := State{Names: names, Nodes: map[string]NodeView{}, Assign: snap.Assign, Forced: snap.Forced, Held: snap.Held}
 	for n, info := range snap.Nodes {
 		_, cord := snap.Cordons[n]
 		v := NodeView{Alive: true, Cordoned: cord || (procs && !info.AllowProcesses), Capacity: info.Capacity, Converged: true}
@@ -211,8 +211,20 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 		clientv3.Compare(clientv3.CreateRevision(leaderKey), "=", leaderRev),
 		clientv3.Compare(clientv3.ModRevision(KeyAssignGen), "=", snap.AssignGenRev),
 	}
-	if p.Changed() {
-		var ops []clientv3.Op
+	// The holds are remembered, so that they outlast the moment that
+	// looked like a mass loss (see State.Held).
+	var ops []clientv3.Op
+	for _, node := range p.Held {
+		if !snap.Held[node] {
+			ops = append(ops, clientv3.OpPut(HeldKey(node), now.Format(time.RFC3339)))
+		}
+	}
+	for node := range snap.Held {
+		if !slices.Contains(p.Held, node) {
+			ops = append(ops, clientv3.OpDelete(HeldKey(node)))
+		}
+	}
+	if p.Changed() || len(ops) > 0 {
 		for node, a := range p.Assign {
 			if len(a.Names) == 0 && len(a.Releasing) == 0 {
 				ops = append(ops, clientv3.OpDelete(AssignKey(node)))

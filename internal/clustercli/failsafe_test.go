@@ -269,3 +269,51 @@ func TestAgentPaused(t *testing.T) {
 		}
 	}
 }
+
+// TestMassLossHeldThenForced: two of three nodes lost at once. The
+// survivor takes none of their routers (likelier a network or etcd fault
+// than two gateways at once); an operator who knows node-2 is gone forces
+// its failover, and node-2's routers, only those, come up on the survivor.
+// Checked in the survivor's kernel.
+func TestMassLossHeldThenForced(t *testing.T) {
+	nstest.RequireRoot(t)
+	ttl := 4 * time.Second
+	dir, st := upSim(t, ttl)
+	prefix := nstest.Prefix(t)
+	const count = 30
+	upRouters(t, st, prefix, count)
+	before := vethsUpByNode(t, st, prefix)
+	must(t, "sim", "kill", "node-2", "--dir", dir)
+	must(t, "sim", "kill", "node-3", "--dir", dir)
+	st, err := sim.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(ttl + 3*time.Second) // both leases expired: a failover would have begun
+	if got := vethsUpByNode(t, st, prefix)["node-1"]; len(got) != len(before["node-1"]) {
+		t.Fatalf("node-1 serves %d routers, had %d: the failover was not held", len(got), len(before["node-1"]))
+	}
+	if out := must(t, "cluster", "status"); !strings.Contains(out, "failover held") {
+		t.Errorf("status does not say the failover is held:\n%s", out)
+	}
+	if _, err := run(t, "cluster", "failover", "node-1"); err == nil || !strings.Contains(err.Error(), "alive") {
+		t.Errorf("forcing the failover of a live node: %v", err)
+	}
+
+	must(t, "cluster", "failover", "node-2")
+	took := waitFor(t, "node-2's routers up on node-1", ttl+10*time.Second, func() string {
+		up := vethsUpByNode(t, st, prefix)["node-1"]
+		for name := range before["node-2"] {
+			if !up[name] {
+				return name + " not up on node-1"
+			}
+		}
+		for name := range before["node-3"] {
+			if up[name] {
+				return name + " (node-3's, still held) up on node-1"
+			}
+		}
+		return ""
+	})
+	t.Logf("forced failover of node-2: its %d routers up on node-1 %s after the order", len(before["node-2"]), took.Round(time.Millisecond))
+}
