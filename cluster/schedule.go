@@ -54,6 +54,10 @@ type Plan struct {
 	// Held: dead nodes whose namespaces stay where they are, because more
 	// than half of the nodes are lost at once (see Schedule).
 	Held []string
+	// Remember: the held nodes whose hold outlasts this plan (State.Held):
+	// those lost with most nodes dead at once, not those held only because
+	// others came back within the TTL.
+	Remember []string
 }
 
 // Changed reports whether the plan writes anything.
@@ -88,15 +92,18 @@ func Schedule(s State) Plan {
 	placed := map[string]bool{} // assigned to a live node
 	var pool []string
 	nodes := sortedKeys(s.Assign)
-	hold := massLoss(s)
+	firm, within := massLoss(s)
 	for _, node := range nodes {
 		a := s.Assign[node]
 		v := s.Nodes[node]
-		if !v.Alive && (hold || s.Held[node]) && !s.Forced[node] {
+		if !v.Alive && (firm || within || s.Held[node]) && !s.Forced[node] {
 			for _, name := range append(append([]string(nil), a.Names...), a.Releasing...) {
 				placed[name] = true
 			}
 			p.Held = append(p.Held, node)
+			if firm || s.Held[node] {
+				p.Remember = append(p.Remember, node)
+			}
 			continue
 		}
 		if !v.Alive {
@@ -240,32 +247,31 @@ func balance(s State, next map[string]*Assignment, elig []string) int {
 }
 
 // massLoss reports whether more than half of the nodes that hold an
-// assignment or a lease were lost within one lease TTL: dead now (an
-// assignment, no lease), or back with a new lease within the TTL (leases
-// revoked together, say by an etcd leader that resumed after a pause,
-// come back one node at a time).
-func massLoss(s State) bool {
-	dead, total := 0, 0
+// assignment or a lease are lost: dead now (an assignment, no lease), or
+// (within) back with a new lease within the last TTL, since leases
+// revoked together (by an etcd leader that resumed after a pause) come
+// back one node at a time. Only a loss of dead nodes alone (firm) is
+// remembered past that moment (State.Held).
+func massLoss(s State) (firm, within bool) {
+	dead, returned, total := 0, 0, 0
 	for _, v := range s.Nodes {
 		if v.Alive {
 			total++
 			if v.Returned {
-				dead++
+				returned++
 			}
 		}
 	}
-	lost := 0
 	for node, a := range s.Assign {
 		if v, ok := s.Nodes[node]; ok && v.Alive {
 			continue
 		}
 		if len(a.Names)+len(a.Releasing) > 0 {
 			dead++
-			lost++
 			total++
 		}
 	}
-	return lost > 0 && 2*dead > total
+	return dead > 0 && 2*dead > total, dead > 0 && 2*(dead+returned) > total
 }
 
 func equal(a, b []string) bool {

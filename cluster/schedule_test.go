@@ -278,8 +278,8 @@ func TestScheduleMassLossWithinTTL(t *testing.T) {
 	s.Nodes["a"] = NodeView{Alive: true, Converged: true, Returned: true}
 	s.Nodes["b"] = NodeView{Alive: true, Converged: true, Returned: true}
 	delete(s.Nodes, "c")
-	if p := Schedule(s); p.Changed() || len(p.Held) != 1 {
-		t.Fatalf("c lost with a and b back within the TTL: plan %+v, want c held", p)
+	if p := Schedule(s); p.Changed() || len(p.Held) != 1 || len(p.Remember) != 0 {
+		t.Fatalf("c lost with a and b back within the TTL: plan %+v, want c held, not remembered", p)
 	}
 	// Later, a and b long back: c alone is lost, it fails over.
 	s.Nodes = alive("a", "b")
@@ -324,8 +324,8 @@ func TestScheduleHoldIsRemembered(t *testing.T) {
 	delete(s.Nodes, "b")
 	delete(s.Nodes, "c")
 	p := Schedule(s)
-	if len(p.Held) != 2 {
-		t.Fatalf("held %v, want b and c", p.Held)
+	if len(p.Held) != 2 || len(p.Remember) != 2 {
+		t.Fatalf("held %v, remembered %v, want b and c both", p.Held, p.Remember)
 	}
 	s.Held = map[string]bool{"b": true, "c": true}
 	s.Forced = map[string]bool{"c": true}

@@ -214,13 +214,13 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 	// The holds are remembered, so that they outlast the moment that
 	// looked like a mass loss (see State.Held).
 	var ops []clientv3.Op
-	for _, node := range p.Held {
+	for _, node := range p.Remember {
 		if !snap.Held[node] {
 			ops = append(ops, clientv3.OpPut(HeldKey(node), now.Format(time.RFC3339)))
 		}
 	}
 	for node := range snap.Held {
-		if !slices.Contains(p.Held, node) {
+		if !slices.Contains(p.Remember, node) {
 			ops = append(ops, clientv3.OpDelete(HeldKey(node)))
 		}
 	}
