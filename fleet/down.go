@@ -434,7 +434,6 @@ func check(rd *netns.RunDir, snap *snapshot, name string, adopt bool) (*target, 
 	return tg, nil
 }
 
-
 // hostVeth is a host end that Down waits for.
 type hostVeth struct {
 	index int
