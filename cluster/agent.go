@@ -224,11 +224,14 @@ func (a *Agent) rpc(ctx context.Context) (context.Context, context.CancelFunc) {
 func (a *Agent) join(ctx context.Context) error {
 	rctx, cancel := a.rpc(ctx)
 	defer cancel()
-	snap, err := Read(rctx, a.cli)
+	if err := checkSchema(rctx, a.cli); err != nil {
+		return err
+	}
+	snap, kvs, err := readAll(rctx, a.cli)
 	if err != nil {
 		return err
 	}
-	a.load(snap)
+	a.load(snap, kvs)
 	ttl := int64((a.cfg.LeaseTTL + time.Second - 1) / time.Second)
 	var lease clientv3.LeaseID
 	if old, ok := snap.Nodes[a.cfg.Node]; ok && old.LeaseID != 0 {
@@ -254,7 +257,12 @@ func (a *Agent) join(ctx context.Context) error {
 	if a.lostLease {
 		info.Returned = info.Started
 	}
-	if _, err := a.cli.Put(rctx, NodeKey(a.cfg.Node), encode(info), clientv3.WithLease(lease)); err != nil {
+	ops := []clientv3.Op{clientv3.OpPut(NodeKey(a.cfg.Node), encode(info), clientv3.WithLease(lease))}
+	if snap.Legacy[a.cfg.Node] {
+		// This node's layout 1 agent is replaced: its keys go with it.
+		ops = append(ops, clientv3.OpDelete(V1NodesPrefix+a.cfg.Node), clientv3.OpDelete(V1StatusPrefix+a.cfg.Node))
+	}
+	if _, err := a.cli.Txn(rctx).Then(ops...).Commit(); err != nil {
 		return err
 	}
 	a.lease = lease

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/nsfleet/nsfleet/spec"
@@ -36,12 +37,22 @@ func (t Trigger) String() string {
 	return [...]string{"change", "drift", "resync", "withdraw"}[t]
 }
 
+// Catalog is the stored fleet as Decide sees it.
+type Catalog interface {
+	// Lookup returns what a namespace is to be; false when it is not
+	// stored, or its value never decoded.
+	Lookup(name string) (*spec.Namespace, bool)
+	// Has reports whether a namespace is stored, decoded or not: such a
+	// pin is the cluster's.
+	Has(name string) bool
+}
+
 // Observation is everything Decide depends on.
 type Observation struct {
-	// What the cluster asks. Fleet is the stored spec as last parsed (nil:
-	// none); when the stored spec or the node's assignment does not
-	// decode, the previous one is kept and the error is set.
-	Fleet          *spec.Fleet
+	// What the cluster asks. Fleet holds the stored namespaces (nil:
+	// none); when a stored namespace or the node's assignment does not
+	// decode, the previous value is kept and the error is set.
+	Fleet          Catalog
 	SpecErr        error
 	Assigned       []string
 	AssignErr      error
@@ -67,8 +78,9 @@ type Observation struct {
 
 // Decision is what to do.
 type Decision struct {
-	// Want is what this node must serve: assigned and in the spec
-	// (sorted). Empty when the spec is refused here.
+	// Want is what this node must serve: assigned and stored (sorted),
+	// but for namespaces that run processes on a node that does not allow
+	// them (Refused says how many).
 	Want []string
 	// Teardown: pinned here, the cluster's (in the spec or served
 	// before), not wanted. Foreign pins are never listed.
@@ -82,7 +94,7 @@ type Decision struct {
 	// Supervise: the wanted namespaces whose processes the agent keeps
 	// running; empty: no supervisor.
 	Supervise []string
-	// Refused says why the spec is not served on this node ("": served).
+	// Refused says what of the assignment is not served here ("": all).
 	Refused string
 	// Idle: the agent is fenced and was not asked to withdraw: it must
 	// neither create nor tear down (its lease may still be alive).
@@ -96,26 +108,30 @@ func Decide(t Trigger, o Observation) Decision {
 		d.Idle = true
 		return d
 	}
-	d.Refused = refusal(o)
-	if d.Refused == "" && o.Fleet != nil {
+	refused := 0
+	if o.Fleet != nil {
 		for _, n := range o.Assigned {
-			if _, ok := o.Fleet.Lookup(n); ok {
+			ns, ok := o.Fleet.Lookup(n)
+			switch {
+			case !ok:
+			case len(ns.Processes) > 0 && !o.AllowProcesses:
+				refused++
+			default:
 				d.Want = append(d.Want, n)
 			}
 		}
 		slices.Sort(d.Want)
 		d.Want = slices.Compact(d.Want)
 	}
+	if refused > 0 {
+		d.Refused = fmt.Sprintf("%d namespaces assigned here run processes; this agent was started without --allow-processes", refused)
+	}
 	if o.PinsErr == nil {
 		for _, p := range o.Pins {
 			if o.Foreign[p] || isIn(d.Want, p) {
 				continue
 			}
-			inSpec := false
-			if o.Fleet != nil {
-				_, inSpec = o.Fleet.Lookup(p)
-			}
-			if inSpec || o.Served[p] {
+			if o.Fleet != nil && o.Fleet.Has(p) || o.Served[p] {
 				d.Teardown = append(d.Teardown, p)
 			}
 		}
@@ -143,17 +159,6 @@ func Decide(t Trigger, o Observation) Decision {
 		}
 	}
 	return d
-}
-
-// refusal says why the spec cannot be served on this node, or "".
-func refusal(o Observation) string {
-	switch {
-	case o.SpecErr != nil && o.Fleet == nil:
-		return o.SpecErr.Error()
-	case o.Fleet != nil && o.Fleet.HasProcesses() && !o.AllowProcesses:
-		return "the spec runs processes; this agent was started without --allow-processes"
-	}
-	return ""
 }
 
 func isIn(sorted []string, s string) bool {

@@ -155,20 +155,20 @@ func TestDecide(t *testing.T) {
 		obs:     Observation{Fleet: f3, SpecErr: errors.New("bad yaml"), Assigned: all, Pins: all, Applied: appliedAll(f3, all...)},
 		want:    Decision{Want: all},
 	}, {
-		name:    "spec fails to decode and none before: refused, nothing torn down that is not the cluster's",
+		name:    "nothing stored yet (or no value decoded): nothing created, only what was served goes",
 		trigger: OnChange,
-		obs:     Observation{SpecErr: errors.New("bad yaml"), Assigned: all, Pins: all},
-		want:    Decision{Refused: "bad yaml"},
+		obs:     Observation{Assigned: all, Pins: all, Served: map[string]bool{"r-1": true}},
+		want:    Decision{Teardown: []string{"r-1"}},
 	}, {
 		name:    "assignment fails to decode: the previous one is kept, nothing torn down",
 		trigger: OnChange,
 		obs:     Observation{Fleet: f3, Assigned: all, AssignErr: errors.New("bad json"), Pins: all, Applied: appliedAll(f3, all...)},
 		want:    Decision{Want: all},
 	}, {
-		name:    "processes refused: nothing served, the cluster's namespaces go",
+		name:    "processes refused: those namespaces are not served here, and go",
 		trigger: OnChange,
 		obs:     Observation{Fleet: procs, Assigned: all, Pins: all, Applied: appliedAll(f3, all...)},
-		want:    Decision{Teardown: all, Refused: "the spec runs processes; this agent was started without --allow-processes"},
+		want:    Decision{Teardown: all, Refused: "3 namespaces assigned here run processes; this agent was started without --allow-processes"},
 	}, {
 		name:    "processes allowed: supervised",
 		trigger: OnChange,

@@ -2,24 +2,37 @@
 // shared state: which nodes are alive, what the fleet is, and which node
 // serves which namespace.
 //
-// # Key layout (version 1)
+// # Key layout (version 2)
 //
 // Every key lives under Prefix; a layout change gets a new prefix, so two
-// versions never read each other's values. Values are JSON.
+// versions never read each other's values. Values are JSON, and none is
+// larger than MaxValueBytes: a fleet is many small keys (as Kubernetes
+// cut Endpoints into EndpointSlices), so that no request passes etcd's
+// defaults (1.5 MiB, 128 operations per transaction) at any fleet size,
+// and a change to one namespace writes one key and wakes its watchers with
+// one small event.
 //
-//	/nsfleet/v1/schema            "1"
-//	/nsfleet/v1/spec              SpecDoc: the spec's YAML source
-//	/nsfleet/v1/nodes/NODE        NodeInfo, bound to the node's lease
-//	/nsfleet/v1/status/NODE       NodeStatus, bound to the node's lease
-//	/nsfleet/v1/cordon/NODE       Cordon: the node takes no namespaces
-//	/nsfleet/v1/assign/NODE       Assignment: what NODE serves
-//	/nsfleet/v1/assign-gen        bumped by every assignment transaction
-//	/nsfleet/v1/failovers/REV     Failover, one per node lost (REV: zero-padded)
-//	/nsfleet/v1/force-failover/NODE  an operator's order to move a lost node's
-//	                              namespaces although most nodes are lost
-//	/nsfleet/v1/failover-held/NODE   the scheduler holds NODE's failover (lost
-//	                              with most nodes) until it returns or is forced
-//	/nsfleet/v1/scheduler/...     the scheduler election (etcd concurrency)
+//	/nsfleet/v2/schema               "2"
+//	/nsfleet/v2/specs/SPEC           SpecMeta: one applied spec (name, file, count)
+//	/nsfleet/v2/ns/SPEC/NAME         spec.Namespace: one namespace, expanded
+//	/nsfleet/v2/hosts/SPEC/IF        NAME: the spec's claim on a host interface
+//	/nsfleet/v2/apply-lock/...       applies and deletes take turns (etcd mutex)
+//	/nsfleet/v2/nodes/NODE           NodeInfo, bound to the node's lease
+//	/nsfleet/v2/status/NODE          NodeStatus, bound to the node's lease
+//	/nsfleet/v2/cordon/NODE          Cordon: the node takes no namespaces
+//	/nsfleet/v2/assign/NODE/BB       Assignment: what NODE serves of the
+//	                                 names in bucket BB (AssignBuckets of them)
+//	/nsfleet/v2/assign-gen           bumped by every assignment transaction
+//	/nsfleet/v2/failovers/REV        Failover, one per node lost (REV: zero-padded)
+//	/nsfleet/v2/force-failover/NODE  an operator's order to move a lost node's
+//	                                 namespaces although most nodes are lost
+//	/nsfleet/v2/failover-held/NODE   the scheduler holds NODE's failover (lost
+//	                                 with most nodes) until it returns or is forced
+//	/nsfleet/v2/scheduler/...        the scheduler election (etcd concurrency)
+//
+// Version 1 (/nsfleet/v1/) stored the whole spec as one YAML value and each
+// node's assignment as one value; Migrate moves a running cluster from it
+// (migrate.go).
 //
 // # Guarantees
 //
@@ -46,10 +59,13 @@ import (
 
 // Layout.
 const (
-	Prefix         = "/nsfleet/v1/"
+	Prefix         = "/nsfleet/v2/"
 	KeySchema      = Prefix + "schema"
-	KeySpec        = Prefix + "spec"
 	KeyAssignGen   = Prefix + "assign-gen"
+	SpecsPrefix    = Prefix + "specs/"
+	NsPrefix       = Prefix + "ns/"
+	HostsPrefix    = Prefix + "hosts/"
+	LockPrefix     = Prefix + "apply-lock"
 	NodesPrefix    = Prefix + "nodes/"
 	StatusPrefix   = Prefix + "status/"
 	CordonPrefix   = Prefix + "cordon/"
@@ -58,19 +74,37 @@ const (
 	ForcePrefix    = Prefix + "force-failover/"
 	HeldPrefix     = Prefix + "failover-held/"
 	ElectionPrefix = Prefix + "scheduler"
-	SchemaVersion  = "1"
+	SchemaVersion  = "2"
+)
+
+// MaxValueBytes bounds every value nsfleet stores.
+const MaxValueBytes = 64 << 10
+
+// AssignBuckets is how many keys one node's assignment is cut into, by a
+// hash of the name: a node of 40,000 namespaces has values of about 10 KiB,
+// and one of 250,000 stays under MaxValueBytes.
+const AssignBuckets = 64
+
+// Transactions are cut to stay inside etcd's defaults (--max-txn-ops 128,
+// --max-request-bytes 1.5 MiB) with room to spare.
+const (
+	maxTxnOps   = 120
+	maxTxnBytes = 1 << 20
 )
 
 // MaxFailovers is how many failover records are kept.
 const MaxFailovers = 20
 
-// SpecDoc is the fleet as applied: the YAML as the user wrote it, so that
-// every agent validates and expands it with the same code as `nsfleet up`.
-type SpecDoc struct {
-	Source  string    `json:"source"` // file name, for messages (file:line)
-	YAML    string    `json:"yaml"`
-	Count   int       `json:"count"` // namespaces it expands to
-	Applied time.Time `json:"applied"`
+// SpecMeta describes one applied spec; its namespaces are the ns/SPEC/
+// keys. Its key is written last by every apply, so its mod revision is the
+// revision at which the spec, as applied, is whole.
+type SpecMeta struct {
+	Name      string    `json:"name"`
+	Source    string    `json:"source"` // the file applied, for messages (file:line)
+	Count     int       `json:"count"`
+	Processes bool      `json:"processes,omitempty"` // some namespace runs processes
+	Applied   time.Time `json:"applied"`
+	Version   string    `json:"version,omitempty"` // of the nsfleet that applied it
 }
 
 // NodeInfo is what a live agent says about itself.
@@ -93,14 +127,14 @@ type NodeInfo struct {
 
 // NodeStatus is how far an agent has come with its assignment.
 type NodeStatus struct {
-	// AssignRev is the mod revision of the node's assignment key that the
-	// node has converged to: everything in it present, everything
-	// released torn down.
+	// AssignRev is the etcd revision up to which the node has taken
+	// every change to its assignment and converged to it: everything in
+	// it present, everything released torn down.
 	AssignRev int64 `json:"assign_rev"`
-	// SpecRev is the mod revision of the stored spec that the node's
-	// kernel matches: every namespace assigned to it made to match the
-	// spec as stored at that revision. Set with AssignRev, only when the
-	// node has converged.
+	// SpecRev is the etcd revision up to which the node has taken every
+	// change to the stored namespaces: every namespace assigned to it made
+	// to match what was stored at that revision. Set with AssignRev, only
+	// when the node has converged.
 	SpecRev  int64     `json:"spec_rev"`
 	Assigned int       `json:"assigned"`
 	Ready    int       `json:"ready"`
@@ -144,13 +178,45 @@ type Failover struct {
 	Unassigned int            `json:"unassigned,omitempty"`
 }
 
+// SpecKey and the others name one spec's keys.
+func SpecKey(spec string) string         { return SpecsPrefix + spec }
+func NsKey(spec, name string) string     { return NsPrefix + spec + "/" + name }
+func HostKey(spec, ifname string) string { return HostsPrefix + spec + "/" + ifname }
+
 // NodeKey and the others name one node's keys.
 func NodeKey(node string) string   { return NodesPrefix + node }
 func StatusKey(node string) string { return StatusPrefix + node }
 func CordonKey(node string) string { return CordonPrefix + node }
-func AssignKey(node string) string { return AssignPrefix + node }
-func ForceKey(node string) string  { return ForcePrefix + node }
-func HeldKey(node string) string   { return HeldPrefix + node }
+
+// AssignKey names one bucket of a node's assignment; AssignNodePrefix all
+// of them.
+func AssignKey(node string, bucket int) string {
+	return fmt.Sprintf("%s%s/%02x", AssignPrefix, node, bucket)
+}
+func AssignNodePrefix(node string) string { return AssignPrefix + node + "/" }
+
+// Bucket is the assignment bucket of a namespace name (FNV-1a).
+func Bucket(name string) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(name); i++ {
+		h ^= uint32(name[i])
+		h *= 16777619
+	}
+	return int(h % AssignBuckets)
+}
+
+// splitKey cuts a key below prefix into its two parts (SPEC/NAME,
+// NODE/BB); ok is false for a key of another shape.
+func splitKey(key, prefix string) (a, b string, ok bool) {
+	rest, found := strings.CutPrefix(key, prefix)
+	if !found {
+		return "", "", false
+	}
+	a, b, ok = strings.Cut(rest, "/")
+	return a, b, ok && a != "" && b != "" && !strings.Contains(b, "/")
+}
+func ForceKey(node string) string { return ForcePrefix + node }
+func HeldKey(node string) string  { return HeldPrefix + node }
 
 // FailoverKey orders failover records by revision.
 func FailoverKey(rev int64) string { return fmt.Sprintf("%s%020d", FailoverPrefix, rev) }
@@ -159,14 +225,19 @@ func FailoverKey(rev int64) string { return fmt.Sprintf("%s%020d", FailoverPrefi
 func NodeOf(key, prefix string) string { return strings.TrimPrefix(key, prefix) }
 
 // ValidNodeName accepts names that are safe as key parts and file names.
-func ValidNodeName(n string) error {
+func ValidNodeName(n string) error { return validKeyPart("node", n) }
+
+// ValidSpecName accepts the names specs are stored under.
+func ValidSpecName(n string) error { return validKeyPart("spec", n) }
+
+func validKeyPart(what, n string) error {
 	if n == "" || len(n) > 63 {
-		return fmt.Errorf("node name %q: want 1 to 63 characters", n)
+		return fmt.Errorf("%s name %q: want 1 to 63 characters", what, n)
 	}
 	for _, c := range n {
 		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
 		if !ok {
-			return fmt.Errorf("node name %q: only letters, digits, '-', '_' and '.'", n)
+			return fmt.Errorf("%s name %q: only letters, digits, '-', '_' and '.'", what, n)
 		}
 	}
 	return nil

@@ -184,9 +184,9 @@ func (a *Agent) fence(ctx context.Context) {
 	a.cfg.Metrics.setFenced(true)
 	start := time.Now()
 	n := 0
-	if fl := a.desired.fleet; fl != nil {
+	if c := a.desired.catalog; c != nil {
 		pins, _ := a.kernel.pins()
-		n = setHostVethsDown(hostVeths(fl, pins))
+		n = setHostVethsDown(hostVeths(c, pins))
 	}
 	// What was made to match is no longer served as the spec says (its
 	// veths are down): every namespace is checked again once unfenced.

@@ -63,9 +63,13 @@ func (e *engine) up(ctx context.Context, f *spec.Fleet, prev map[string]*spec.Na
 func (a *Agent) observe(t Trigger) Observation {
 	d := &a.desired
 	o := Observation{
-		Fleet: d.fleet, SpecErr: d.specErr, Assigned: d.assign.Names, AssignErr: d.assignErr,
+		Assigned: d.assign.Names, AssignErr: d.assignErr(),
 		AllowProcesses: a.cfg.AllowProcesses, Fenced: a.fenced.Load() || a.failsafe.Load() || a.pastFencePoint(),
 		Foreign: a.held.foreign, Served: a.held.served, Applied: a.held.applied,
+	}
+	if d.catalog != nil {
+		o.Fleet = d.catalog
+		o.SpecErr = d.catalog.errs(d.assign.Names)
 	}
 	o.Pins, o.PinsErr = a.kernel.pins()
 	if t == OnDrift {
@@ -109,7 +113,7 @@ func (a *Agent) reconcile(ctx context.Context, t Trigger) {
 	}
 	a.bringUp(ctx, dec, &fail)
 	a.sup.keep(a, dec.Supervise)
-	served := hostVeths(a.desired.fleet, dec.Want)
+	served := hostVeths(a.desired.catalog, dec.Want)
 	a.servedVeths.Store(&served)
 	a.dog.setVeths(served)
 	for n := range a.held.applied {
@@ -125,10 +129,10 @@ func (a *Agent) reconcile(ctx context.Context, t Trigger) {
 			fail.note(err)
 		}
 	}
-	assignRev, specRev := a.desired.assignRev, a.desired.specRev
+	rev := a.desired.rev
 	a.putStatus(ctx, func(s *NodeStatus) {
 		if p.Converged {
-			s.AssignRev, s.SpecRev = assignRev, specRev
+			s.AssignRev, s.SpecRev = rev, rev
 		}
 		s.Assigned, s.Ready, s.Failed, s.Errors = p.Want, p.Ready, fail.n, fail.errs
 		s.Fenced, s.Refused = false, dec.Refused
@@ -168,9 +172,9 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 	if len(dec.Up) == 0 {
 		return
 	}
-	fl := a.desired.fleet
+	cat := a.desired.catalog
 	start := time.Now()
-	sum, err := a.kernel.up(ctx, fl.Subset(dec.Up), dec.Previous, func(r fleet.Result) {
+	sum, err := a.kernel.up(ctx, cat.subset(dec.Up), dec.Previous, func(r fleet.Result) {
 		switch {
 		case r.Err != nil || r.Action == fleet.Failed:
 			delete(a.held.applied, r.Name)
@@ -181,7 +185,9 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 			delete(a.held.applied, r.Name)
 			a.held.foreign[r.Name] = true
 		default:
-			a.held.applied[r.Name], _ = fl.Lookup(r.Name)
+			// The catalog's own value: while it is not replaced, Decide
+			// compares it with itself in O(1).
+			a.held.applied[r.Name], _ = cat.Lookup(r.Name)
 		}
 	})
 	if err != nil {
@@ -195,10 +201,13 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 }
 
 // hostVeths lists the host ends of the named namespaces' veths.
-func hostVeths(f *spec.Fleet, names []string) []string {
+func hostVeths(c Catalog, names []string) []string {
 	var out []string
 	for _, n := range names {
-		if ns, ok := f.Lookup(n); ok {
+		if c == nil {
+			break
+		}
+		if ns, ok := c.Lookup(n); ok {
 			for _, v := range ns.Veths {
 				out = append(out, v.Host)
 			}
@@ -233,7 +242,7 @@ func (a *Agent) putStatus(ctx context.Context, edit func(*NodeStatus)) {
 // finds namespaces made before it (a dump costs a lookup over every
 // namespace id per host veth, so it is not repeated).
 func (a *Agent) learnAll() {
-	hostOf := a.learnHosts()
+	hostOf := a.learnHosts(a.desired.assign.Names)
 	if len(hostOf) == 0 {
 		return
 	}
@@ -270,7 +279,7 @@ func (s *supervision) keep(a *Agent, names []string) {
 		s.stop()
 		return
 	}
-	sub := a.desired.fleet.Subset(names)
+	sub := a.desired.catalog.subset(names)
 	key := supervisionKey(sub)
 	if key == s.key && s.done != nil {
 		select {

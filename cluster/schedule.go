@@ -21,6 +21,9 @@ type NodeView struct {
 	// Returned: the node came back with a new lease within the last
 	// lease TTL: for the mass-loss rule it was lost in that window.
 	Returned bool
+	// Frozen: the node's agent runs an older key layout (an upgrade in
+	// progress): it keeps what it holds and is given and asked nothing.
+	Frozen bool
 }
 
 // State is one consistent read of the cluster.
@@ -73,6 +76,7 @@ func (p *Plan) Changed() bool { return len(p.Assign) > 0 }
 //     half the gateways failing together, and moving everything would
 //     turn it into an outage when they come back; their names stay put
 //     (Plan.Held) until they return or an operator forces the move;
+//   - a Frozen node keeps its names as they are and gets none;
 //   - a cordoned node releases all its names; names released by a node are
 //     placed only once that node has converged (two-step move);
 //   - unplaced names go to the least-loaded eligible node with room
@@ -122,6 +126,17 @@ func Schedule(s State) Plan {
 			continue
 		}
 		na := &Assignment{}
+		if v.Frozen {
+			for _, name := range a.Names {
+				if _, ok := order[name]; ok && !placed[name] {
+					na.Names = append(na.Names, name)
+					placed[name] = true
+				}
+			}
+			na.Releasing = a.Releasing
+			next[node] = na
+			continue
+		}
 		for _, name := range a.Releasing {
 			if _, ok := order[name]; !ok || placed[name] {
 				continue
@@ -160,7 +175,7 @@ func Schedule(s State) Plan {
 	var elig []string
 	for _, node := range sortedKeys(s.Nodes) {
 		v := s.Nodes[node]
-		if v.Alive && !v.Cordoned {
+		if v.Alive && !v.Cordoned && !v.Frozen {
 			elig = append(elig, node)
 			if next[node] == nil {
 				next[node] = &Assignment{}

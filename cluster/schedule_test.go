@@ -1,10 +1,14 @@
 package cluster
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func names(n int) []string {
@@ -290,7 +294,7 @@ func TestScheduleMassLossWithinTTL(t *testing.T) {
 
 func TestPending(t *testing.T) {
 	snap := &Snapshot{
-		Spec:      &SpecDoc{Source: "s.yaml", YAML: "namespaces:\n  - name: \"r-{i}\"\n    count: 2\n"},
+		Names:     []string{"r-1", "r-2"},
 		SpecRev:   10,
 		Nodes:     map[string]NodeInfo{"a": {}, "b": {}},
 		Assign:    map[string]Assignment{"a": {Names: []string{"r-1"}}, "b": {Names: []string{"r-2"}}},
@@ -339,5 +343,73 @@ func TestScheduleHoldIsRemembered(t *testing.T) {
 	s.Nodes = alive("a", "b")
 	if p := Schedule(s); len(p.Held) != 0 {
 		t.Fatalf("b back: held %v", p.Held)
+	}
+}
+
+// A node whose agent runs an older layout keeps its names, gets none new,
+// and is not drained or balanced.
+func TestScheduleFrozen(t *testing.T) {
+	s := State{Names: names(6), Nodes: alive("a", "b"), Assign: map[string]Assignment{
+		"a": {Names: []string{"r-0", "r-1", "r-2", "r-3", "r-4"}},
+	}}
+	v := s.Nodes["a"]
+	v.Frozen = true
+	s.Nodes["a"] = v
+	p := Schedule(s)
+	if p.Assign["a"] != nil {
+		t.Errorf("frozen a rewritten: %+v", p.Assign["a"])
+	}
+	if b := p.Assign["b"]; b == nil || len(b.Names) != 1 || b.Names[0] != "r-5" {
+		t.Errorf("b = %+v, want only the unplaced r-5", b)
+	}
+	// Dead, it fails over as any node.
+	delete(s.Nodes, "a")
+	s.Nodes["c"] = NodeView{Alive: true, Converged: true}
+	if p := Schedule(s); p.Orphaned["a"] != 5 {
+		t.Errorf("frozen a lost: %+v", p)
+	}
+}
+
+// Buckets spread names evenly enough to keep every value small, and
+// assignOps writes only the buckets that changed.
+func TestAssignBuckets(t *testing.T) {
+	count := make([]int, AssignBuckets)
+	var all []string
+	for i := range 40000 {
+		n := fmt.Sprintf("qrouter-%d", i)
+		all = append(all, n)
+		count[Bucket(n)]++
+	}
+	if lo, hi := slices.Min(count), slices.Max(count); lo < 500 || hi > 800 {
+		t.Errorf("40,000 names over %d buckets: %d to %d per bucket", AssignBuckets, lo, hi)
+	}
+	snap := &Snapshot{Parts: map[string]Assignment{}}
+	ops := assignOps(snap, map[string]*Assignment{"a": {Names: all}})
+	if len(ops) != AssignBuckets {
+		t.Fatalf("first write: %d ops, want %d", len(ops), AssignBuckets)
+	}
+	for _, op := range ops {
+		var a Assignment
+		if err := json.Unmarshal(op.ValueBytes(), &a); err != nil || len(op.ValueBytes()) > MaxValueBytes {
+			t.Fatalf("%s: %d bytes, %v", op.KeyBytes(), len(op.ValueBytes()), err)
+		}
+		snap.Parts[string(op.KeyBytes())] = a
+	}
+	moved := &Assignment{Names: all[1:], Releasing: all[:1]}
+	if ops := assignOps(snap, map[string]*Assignment{"a": moved}); len(ops) != 1 || string(ops[0].KeyBytes()) != AssignKey("a", Bucket(all[0])) {
+		t.Errorf("one name released: %d ops", len(ops))
+	}
+	if ops := assignOps(snap, map[string]*Assignment{"a": {}}); len(ops) != AssignBuckets || !ops[0].IsDelete() {
+		t.Errorf("emptied: %d ops", len(ops))
+	}
+	if b := batches(ops, func(int) int { return 100 }); len(b) != 1 {
+		t.Errorf("64 ops cut into %d transactions", len(b))
+	}
+	many := make([]clientv3.Op, 300)
+	if b := batches(many, func(int) int { return 100 }); len(b) != 3 || len(b[0]) != maxTxnOps {
+		t.Errorf("300 ops: %d transactions", len(b))
+	}
+	if b := batches(many[:10], func(int) int { return maxTxnBytes / 3 }); len(b) != 4 {
+		t.Errorf("10 ops of a third of the byte limit: %d transactions, want 4", len(b))
 	}
 }

@@ -5,9 +5,9 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
-	"github.com/nsfleet/nsfleet/spec"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -20,15 +20,9 @@ type scheduler struct {
 	metrics *Metrics
 	timeout time.Duration // of each etcd request
 
-	// The parsed spec, kept while its revision does not change (a 40,000
-	// namespace spec takes a while to expand).
-	specRev   int64
-	specNames []string
-	specProcs bool
-	specErr   error
-	held      []string      // nodes whose failover is held, as last logged
-	settle    time.Duration // a returning node settles this long; 0: DefaultSettle
-	maxMoves  int           // balance moves per plan; 0: DefaultMaxMoves
+	held     []string      // nodes whose failover is held, as last logged
+	settle   time.Duration // a returning node settles this long; 0: DefaultSettle
+	maxMoves int           // balance moves per plan; 0: DefaultMaxMoves
 }
 
 // lead campaigns with the node's lease and, once elected, schedules on
@@ -137,31 +131,14 @@ func (sc *scheduler) follow(ctx context.Context, from int64, kick chan<- struct{
 	}
 }
 
-func (sc *scheduler) names(snap *Snapshot) ([]string, bool) {
-	if snap.Spec == nil {
-		return nil, false
-	}
-	if snap.SpecRev != sc.specRev {
-		sc.specRev = snap.SpecRev
-		var f *spec.Fleet
-		f, sc.specErr = snap.Spec.ParseSpec()
-		if sc.specErr != nil {
-			sc.log.Error("scheduler: stored spec does not parse; keeping assignments", "err", sc.specErr)
-			sc.specNames = nil
-		} else {
-			sc.specNames, sc.specProcs = f.Names(), f.HasProcesses()
-		}
-	}
-	return sc.specNames, sc.specErr == nil
-}
-
-// State turns a snapshot into the scheduler's input. A spec with
-// processes treats nodes that do not allow them as cordoned.
+// State turns a snapshot into the scheduler's input. While any spec runs
+// processes, nodes that do not allow them are treated as cordoned; nodes
+// whose agent still runs key layout 1 are Frozen.
 func StateOf(snap *Snapshot, names []string, procs bool) State {
 	st := State{Names: names, Nodes: map[string]NodeView{}, Assign: snap.Assign, Forced: snap.Forced, Held: snap.Held}
 	for n, info := range snap.Nodes {
 		_, cord := snap.Cordons[n]
-		v := NodeView{Alive: true, Cordoned: cord || (procs && !info.AllowProcesses), Capacity: info.Capacity, Converged: true}
+		v := NodeView{Alive: true, Cordoned: cord || (procs && !info.AllowProcesses), Capacity: info.Capacity, Converged: true, Frozen: snap.Legacy[n]}
 		if rev, ok := snap.AssignRev[n]; ok {
 			v.Converged = snap.Status[n].Converged(rev)
 		}
@@ -193,12 +170,8 @@ func markSettling(st *State, snap *Snapshot, now time.Time, settle time.Duration
 }
 
 func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string, leaderRev int64) error {
-	names, ok := sc.names(snap)
-	if !ok && snap.Spec != nil {
-		return nil // a bad stored spec: change nothing
-	}
 	now := time.Now().UTC()
-	st := StateOf(snap, names, sc.specProcs)
+	st := StateOf(snap, snap.Names, snap.HasProcesses())
 	st.MaxMoves = cmp.Or(sc.maxMoves, DefaultMaxMoves)
 	markSettling(&st, snap, now, cmp.Or(sc.settle, DefaultSettle))
 	p := Schedule(st)
@@ -225,34 +198,24 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 		}
 	}
 	if p.Changed() || len(ops) > 0 {
-		for node, a := range p.Assign {
-			if len(a.Names) == 0 && len(a.Releasing) == 0 {
-				ops = append(ops, clientv3.OpDelete(AssignKey(node)))
-			} else {
-				ops = append(ops, clientv3.OpPut(AssignKey(node), encode(a)))
-			}
-		}
-		ops = append(ops, clientv3.OpPut(KeyAssignGen, now.Format(time.RFC3339Nano)))
 		for node := range p.Orphaned {
 			if snap.Forced[node] {
 				ops = append(ops, clientv3.OpDelete(ForceKey(node)))
 			}
 		}
+		ops = append(ops, assignOps(snap, p.Assign)...)
 		var lost []string
 		for node, n := range p.Orphaned {
 			lost = append(lost, node)
 			sc.log.Info("node lost: moving its namespaces", "lost", node, "namespaces", n, "placed", p.Placed, "unassigned", p.Unassigned)
 		}
-		resp, err := sc.cli.Txn(ctx).If(guard...).Then(ops...).Commit()
-		if err != nil {
-			return err
-		}
-		if !resp.Succeeded {
-			return nil // someone else wrote first: read again
+		rev, ok, err := sc.commit(ctx, guard, ops, now)
+		if err != nil || !ok {
+			return err // !ok: someone else wrote first: read again
 		}
 		for _, node := range lost {
-			fo := Failover{Node: node, Detected: now, Moved: p.Orphaned[node], To: p.Placed, AssignRev: resp.Header.Revision, Unassigned: p.Unassigned}
-			if _, err := sc.cli.Put(ctx, FailoverKey(resp.Header.Revision), encode(fo)); err != nil {
+			fo := Failover{Node: node, Detected: now, Moved: p.Orphaned[node], To: p.Placed, AssignRev: rev, Unassigned: p.Unassigned}
+			if _, err := sc.cli.Put(ctx, FailoverKey(rev), encode(fo)); err != nil {
 				return err
 			}
 			sc.metrics.failover()
@@ -269,6 +232,70 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 		}
 	}
 	return sc.closeFailovers(ctx, snap)
+}
+
+// commit writes a plan's operations in as few transactions as etcd's
+// limits allow, each one bumping assign-gen and guarded by the election and
+// by assign-gen as the previous one left it: a second scheduler's write
+// breaks the chain, and what was written before the break keeps the rule
+// that no name is in two nodes' assignments (Schedule moves a name between
+// live nodes only after the old node released it, and each bucket holds a
+// name's Names and Releasing together). It returns the last revision.
+func (sc *scheduler) commit(ctx context.Context, guard []clientv3.Cmp, ops []clientv3.Op, now time.Time) (int64, bool, error) {
+	var rev int64
+	gen := clientv3.OpPut(KeyAssignGen, now.Format(time.RFC3339Nano))
+	size := func(i int) int { return len(ops[i].KeyBytes()) + len(ops[i].ValueBytes()) + 16 }
+	for i, b := range batches(ops, size) {
+		if i > 0 {
+			guard = []clientv3.Cmp{guard[0], clientv3.Compare(clientv3.ModRevision(KeyAssignGen), "=", rev)}
+		}
+		resp, err := sc.cli.Txn(ctx).If(guard...).Then(append(b, gen)...).Commit()
+		if err != nil {
+			return 0, false, err
+		}
+		if !resp.Succeeded {
+			return 0, false, nil
+		}
+		rev = resp.Header.Revision
+	}
+	return rev, true, nil
+}
+
+// assignOps writes the plan's assignments bucket by bucket: only the
+// buckets whose content changed are put, and emptied ones deleted.
+func assignOps(snap *Snapshot, plan map[string]*Assignment) []clientv3.Op {
+	var ops []clientv3.Op
+	for _, node := range sortedKeys(plan) {
+		parts := map[string]*Assignment{}
+		part := func(name string) *Assignment {
+			k := AssignKey(node, Bucket(name))
+			if parts[k] == nil {
+				parts[k] = &Assignment{}
+			}
+			return parts[k]
+		}
+		for _, n := range plan[node].Names {
+			part(n).Names = append(part(n).Names, n)
+		}
+		for _, n := range plan[node].Releasing {
+			part(n).Releasing = append(part(n).Releasing, n)
+		}
+		for _, k := range sortedKeys(parts) {
+			a := parts[k]
+			slices.Sort(a.Names)
+			slices.Sort(a.Releasing)
+			if old, ok := snap.Parts[k]; ok && slices.Equal(old.Names, a.Names) && slices.Equal(old.Releasing, a.Releasing) {
+				continue
+			}
+			ops = append(ops, clientv3.OpPut(k, encode(a)))
+		}
+		for _, k := range sortedKeys(snap.Parts) {
+			if _, keep := parts[k]; !keep && strings.HasPrefix(k, AssignNodePrefix(node)) {
+				ops = append(ops, clientv3.OpDelete(k))
+			}
+		}
+	}
+	return ops
 }
 
 // closeFailovers marks failovers whose namespaces are all ready and

@@ -3,7 +3,9 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -11,78 +13,217 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// desired is what the cluster asks of this node, as last read. A stored
-// spec or an assignment that does not decode is not taken: the previous
-// one stays in force and the error is reported in the node's status, so
-// that a bad write never makes a node tear down what it serves.
+// desired is what the cluster asks of this node, as last read: every
+// stored namespace (catalog) and this node's assignment, kept up to date
+// key by key from one watch. An assignment bucket or a namespace whose
+// value does not decode is not taken: the previous value stays in force
+// and the error is reported in the node's status, so that a bad write
+// never makes a node tear down what it serves.
 type desired struct {
-	specRev   int64
-	specDoc   *SpecDoc
-	fleet     *spec.Fleet // nil: no spec (or none parsed yet)
-	specErr   error
+	// rev is the etcd revision up to which every change was taken.
+	rev     int64
+	catalog *catalog
+	// parts are this node's assignment buckets by key; assign is their
+	// union, rebuilt when one changes.
+	parts     map[string]Assignment
 	assign    Assignment
-	assignRev int64
-	assignErr error
+	assignBad map[string]error // bucket key -> why it does not decode
 }
 
-// load takes the spec, this node's assignment and its peers from a
-// snapshot.
-func (a *Agent) load(snap *Snapshot) {
-	a.peers.set(snap.Nodes, a.cfg.Node)
-	if err, bad := snap.Bad[KeySpec]; bad {
-		a.badSpec(snap.SpecRev, err)
-	} else {
-		a.setSpec(snap.Spec, snap.SpecRev)
-	}
-	key := AssignKey(a.cfg.Node)
-	if err, bad := snap.Bad[key]; bad {
-		a.badAssign(snap.AssignRev[a.cfg.Node], err)
-	} else {
-		a.setAssign(snap.Assign[a.cfg.Node], snap.AssignRev[a.cfg.Node])
-	}
+// catalog holds every stored namespace as its raw value and decodes one
+// only when the agent needs it (those assigned here, and pins): an agent
+// of a 40,000-namespace cluster keeps 40,000 small values, not 40,000
+// expanded namespaces, and a change costs one decode.
+type catalog struct {
+	raw     map[string][]byte          // name -> stored value
+	decoded map[string]*spec.Namespace // decoded on demand; dropped when the value changes
+	bad     map[string]error           // values that do not decode (the previous decoded one is kept)
 }
 
-func (a *Agent) setSpec(doc *SpecDoc, rev int64) {
-	d := &a.desired
-	if rev == d.specRev && (doc == nil) == (d.specDoc == nil) && d.specErr == nil {
-		return
+func newCatalog() *catalog {
+	return &catalog{raw: map[string][]byte{}, decoded: map[string]*spec.Namespace{}, bad: map[string]error{}}
+}
+
+// Has reports whether name is stored (whether or not its value decodes).
+func (c *catalog) Has(name string) bool { _, ok := c.raw[name]; return ok }
+
+// Lookup returns what name is to be: decoded from its stored value, or the
+// last value that decoded when the current one does not.
+func (c *catalog) Lookup(name string) (*spec.Namespace, bool) {
+	if ns, ok := c.decoded[name]; ok {
+		return ns, true
 	}
-	d.specRev, d.specDoc = rev, doc
-	if doc == nil {
-		d.fleet, d.specErr = nil, nil
-		return
+	val, ok := c.raw[name]
+	if !ok {
+		return nil, false
 	}
-	f, err := doc.ParseSpec()
+	ns, err := DecodeNamespace(name, val)
 	if err != nil {
-		a.badSpec(rev, err)
-		return
+		c.bad[name] = err
+		return nil, false
 	}
-	d.fleet, d.specErr = f, nil
-	a.learnHosts()
+	c.decoded[name] = ns
+	return ns, true
 }
 
-func (a *Agent) badSpec(rev int64, err error) {
-	a.desired.specRev = rev
-	a.desired.specErr = fmt.Errorf("stored spec (revision %d): %w; serving the previous one", rev, err)
-	a.log.Error("stored spec does not parse; keeping the previous one", "rev", rev, "err", err)
+// put takes a new value of name; it keeps the previous decoded value only
+// while the new one does not decode.
+func (c *catalog) put(name string, val []byte) {
+	c.raw[name] = val
+	prev := c.decoded[name]
+	delete(c.decoded, name)
+	delete(c.bad, name)
+	if ns, err := DecodeNamespace(name, val); err != nil {
+		c.bad[name] = err
+		if prev != nil {
+			c.decoded[name] = prev
+		}
+	} else if prev != nil {
+		c.decoded[name] = ns
+	}
 }
 
-func (a *Agent) setAssign(as Assignment, rev int64) {
-	a.desired.assign, a.desired.assignRev, a.desired.assignErr = as, rev, nil
+func (c *catalog) remove(name string) {
+	delete(c.raw, name)
+	delete(c.decoded, name)
+	delete(c.bad, name)
+}
+
+// subset is the fleet of the named namespaces that decode. A namespace
+// whose name or host interface an earlier one has (written around apply's
+// check) is left out: it fails to serve rather than fail the others.
+func (c *catalog) subset(names []string) *spec.Fleet {
+	nss := make([]spec.Namespace, 0, len(names))
+	seen := map[string]bool{}
+	for _, n := range names {
+		ns, ok := c.Lookup(n)
+		if !ok || seen["ns:"+n] {
+			continue
+		}
+		clash := false
+		for _, v := range ns.Veths {
+			clash = clash || seen["if:"+v.Host]
+		}
+		if clash {
+			continue
+		}
+		seen["ns:"+n] = true
+		for _, v := range ns.Veths {
+			seen["if:"+v.Host] = true
+		}
+		nss = append(nss, *ns)
+	}
+	f, _ := spec.FleetOf("cluster", nss) // no duplicates left
+	return f
+}
+
+// errs says which of names have a stored value that does not decode.
+func (c *catalog) errs(names []string) error {
+	var errs []error
+	for _, n := range names {
+		if err, bad := c.bad[n]; bad {
+			errs = append(errs, fmt.Errorf("stored namespace %s does not decode: %w; serving the previous value", n, err))
+			if len(errs) == 3 {
+				break
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// load takes the namespaces, this node's assignment and its peers from a
+// full read (ns values included).
+func (a *Agent) load(snap *Snapshot, nsKvs map[string][]byte) {
+	a.peers.set(snap.Nodes, a.cfg.Node)
+	d := &a.desired
+	d.rev = snap.Rev
+	old := d.catalog
+	d.catalog = newCatalog()
+	for name, val := range nsKvs {
+		if old != nil && string(old.raw[name]) == string(val) {
+			d.catalog.raw[name] = old.raw[name]
+			if ns, ok := old.decoded[name]; ok {
+				d.catalog.decoded[name] = ns // same pointer: Decide sees no change
+			}
+			continue
+		}
+		d.catalog.put(name, val)
+	}
+	prefix := AssignNodePrefix(a.cfg.Node)
+	parts := map[string]Assignment{}
+	for k, v := range snap.Parts {
+		if strings.HasPrefix(k, prefix) {
+			parts[k] = v
+		}
+	}
+	bad := map[string]error{}
+	for k, err := range snap.Bad {
+		if strings.HasPrefix(k, prefix) {
+			bad[k] = err
+			if prev, ok := d.parts[k]; ok {
+				parts[k] = prev
+			}
+		}
+	}
+	d.parts, d.assignBad = parts, bad
+	a.mergeAssign()
+}
+
+// mergeAssign rebuilds the assignment from its buckets.
+func (a *Agent) mergeAssign() {
+	d := &a.desired
+	var as Assignment
+	for _, k := range sortedKeys(d.parts) {
+		as.Names = append(as.Names, d.parts[k].Names...)
+		as.Releasing = append(as.Releasing, d.parts[k].Releasing...)
+	}
+	slices.Sort(as.Names)
+	d.assign = as
 	for _, n := range as.Names {
 		a.held.served[n] = true
 	}
+	a.learnHosts(as.Names)
 }
 
-func (a *Agent) badAssign(rev int64, err error) {
-	a.desired.assignErr = fmt.Errorf("assignment (revision %d) does not decode: %w; serving the previous one", rev, err)
-	a.log.Error("assignment does not decode; keeping the previous one", "rev", rev, "err", err)
+// assignErr says which buckets of the assignment do not decode.
+func (d *desired) assignErr() error {
+	var errs []error
+	for _, k := range sortedKeys(d.assignBad) {
+		errs = append(errs, fmt.Errorf("assignment %s does not decode: %w; serving the previous one", k, d.assignBad[k]))
+	}
+	return errors.Join(errs...)
 }
 
-// specWatch follows the spec and this node's assignment from a snapshot
-// onwards. When the watch ends (etcd compacted past it, or lost its
-// leader), it reads everything again and watches from there; while etcd
-// cannot be read, retry fires every 500 ms.
+// readAll reads a snapshot and, at its revision, every namespace's value.
+func readAll(ctx context.Context, cli *clientv3.Client) (*Snapshot, map[string][]byte, error) {
+	snap, err := Read(ctx, cli)
+	if err != nil {
+		return nil, nil, err
+	}
+	kvs := map[string][]byte{}
+	key, end := NsPrefix, clientv3.GetPrefixRangeEnd(NsPrefix)
+	for {
+		// Pages keep each response small at any fleet size.
+		resp, err := cli.Get(ctx, key, clientv3.WithRange(end), clientv3.WithRev(snap.Rev), clientv3.WithLimit(5000))
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, kv := range resp.Kvs {
+			if _, name, ok := splitKey(string(kv.Key), NsPrefix); ok {
+				kvs[name] = kv.Value
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return snap, kvs, nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// specWatch follows the cluster from a full read onwards, key by key. When
+// the watch ends (etcd compacted past it, or lost its leader), it reads
+// everything again and watches from there; while etcd cannot be read,
+// retry fires every 500 ms.
 type specWatch struct {
 	a      *Agent
 	ctx    context.Context
@@ -91,20 +232,20 @@ type specWatch struct {
 	retry  *time.Timer
 }
 
-// restart reads a snapshot, takes what it says, and watches from it.
+// restart reads everything, takes what it says, and watches from it.
 func (w *specWatch) restart() bool {
 	if w.retry == nil {
 		w.retry = time.NewTimer(time.Hour)
 	}
 	w.stopWatch()
 	rctx, cancel := w.a.rpc(w.ctx)
-	snap, err := Read(rctx, w.a.cli)
+	snap, kvs, err := readAll(rctx, w.a.cli)
 	cancel()
 	if err != nil {
 		w.retry.Reset(500 * time.Millisecond)
 		return false
 	}
-	w.a.load(snap)
+	w.a.load(snap, kvs)
 	wctx, wcancel := context.WithCancel(w.ctx)
 	w.cancel = wcancel
 	w.ch = w.a.cli.Watch(clientv3.WithRequireLeader(wctx), Prefix, clientv3.WithPrefix(), clientv3.WithRev(snap.Rev+1))
@@ -125,8 +266,8 @@ func (w *specWatch) stop() {
 	}
 }
 
-// take applies one watch response; it reports whether the spec or this
-// node's assignment changed.
+// take applies one watch response; it reports whether something this node
+// serves, or is assigned, changed.
 func (w *specWatch) take(resp clientv3.WatchResponse, ok bool) bool {
 	if !ok || resp.Err() != nil || resp.Canceled {
 		return w.restart()
@@ -134,55 +275,75 @@ func (w *specWatch) take(resp clientv3.WatchResponse, ok bool) bool {
 	a := w.a
 	changed := false
 	for _, ev := range resp.Events {
-		if k := string(ev.Kv.Key); strings.HasPrefix(k, NodesPrefix) && NodeOf(k, NodesPrefix) != a.cfg.Node {
-			var info NodeInfo
-			switch {
-			case ev.Type == clientv3.EventTypeDelete:
-				a.peers.remove(NodeOf(k, NodesPrefix))
-			case json.Unmarshal(ev.Kv.Value, &info) == nil:
-				a.peers.put(NodeOf(k, NodesPrefix), info.PeerURL)
-			}
-			continue
-		}
-		switch string(ev.Kv.Key) {
-		case KeySpec:
+		a.desired.rev = max(a.desired.rev, ev.Kv.ModRevision)
+		if a.takeEvent(ev) {
 			changed = true
-			if ev.Type == clientv3.EventTypeDelete {
-				a.setSpec(nil, ev.Kv.ModRevision)
-				continue
-			}
-			var doc SpecDoc
-			if err := json.Unmarshal(ev.Kv.Value, &doc); err != nil {
-				a.badSpec(ev.Kv.ModRevision, err)
-				continue
-			}
-			a.setSpec(&doc, ev.Kv.ModRevision)
-		case AssignKey(a.cfg.Node):
-			changed = true
-			var as Assignment
-			if ev.Type != clientv3.EventTypeDelete {
-				if err := json.Unmarshal(ev.Kv.Value, &as); err != nil {
-					a.badAssign(ev.Kv.ModRevision, err)
-					continue
-				}
-			}
-			a.setAssign(as, ev.Kv.ModRevision)
 		}
 	}
 	return changed
 }
 
-// learnHosts maps every host veth of the spec to its namespace, so that
-// host events name it; the host event of a veth's creation also carries
-// the id of its namespace, which maps the events from inside it.
-func (a *Agent) learnHosts() map[string]string {
+// takeEvent applies one key's change.
+func (a *Agent) takeEvent(ev *clientv3.Event) bool {
+	k, del := string(ev.Kv.Key), ev.Type == clientv3.EventTypeDelete
+	d := &a.desired
+	switch {
+	case strings.HasPrefix(k, NsPrefix):
+		_, name, ok := splitKey(k, NsPrefix)
+		if !ok {
+			return false
+		}
+		if del {
+			d.catalog.remove(name)
+		} else {
+			d.catalog.put(name, ev.Kv.Value)
+		}
+		_, applied := a.held.applied[name]
+		assigned := isIn(d.assign.Names, name)
+		if assigned && !del {
+			a.learnHosts([]string{name})
+		}
+		return applied || assigned
+	case strings.HasPrefix(k, AssignNodePrefix(a.cfg.Node)):
+		delete(d.assignBad, k)
+		var as Assignment
+		switch {
+		case del:
+			delete(d.parts, k)
+		case json.Unmarshal(ev.Kv.Value, &as) != nil:
+			d.assignBad[k] = json.Unmarshal(ev.Kv.Value, &as)
+			a.log.Error("assignment does not decode; keeping the previous one", "key", k, "err", d.assignBad[k])
+		default:
+			d.parts[k] = as
+		}
+		a.mergeAssign()
+		return true
+	case strings.HasPrefix(k, NodesPrefix) && NodeOf(k, NodesPrefix) != a.cfg.Node:
+		var info NodeInfo
+		switch {
+		case del:
+			a.peers.remove(NodeOf(k, NodesPrefix))
+		case json.Unmarshal(ev.Kv.Value, &info) == nil:
+			a.peers.put(NodeOf(k, NodesPrefix), info.PeerURL)
+		}
+	}
+	return false
+}
+
+// learnHosts maps the host veths of the named namespaces to them, so that
+// host events name them; the host event of a veth's creation also carries
+// the id of its namespace, which maps the events from inside it. It
+// returns the map.
+func (a *Agent) learnHosts(names []string) map[string]string {
 	hostOf := map[string]string{}
-	fl := a.desired.fleet
-	if fl == nil || a.drift == nil {
+	if a.drift == nil {
 		return hostOf
 	}
-	for i := range fl.Namespaces {
-		ns := &fl.Namespaces[i]
+	for _, n := range names {
+		ns, ok := a.desired.catalog.Lookup(n)
+		if !ok {
+			continue
+		}
 		var hs []string
 		for _, v := range ns.Veths {
 			hs = append(hs, v.Host)

@@ -40,14 +40,14 @@ type Fleet struct {
 
 // Namespace is one network namespace as the spec wants it.
 type Namespace struct {
-	Name     string
-	Origin   Origin
-	Loopback bool // true: lo is up
-	Sysctls  []Sysctl
-	Veths    []Veth
-	Routes   []Route
+	Name     string   `json:"name"`
+	Origin   Origin   `json:"origin,omitzero"`
+	Loopback bool     `json:"loopback"` // true: lo is up
+	Sysctls  []Sysctl `json:"sysctls,omitempty"`
+	Veths    []Veth   `json:"veths,omitempty"`
+	Routes   []Route  `json:"routes,omitempty"`
 	// Processes are daemons to run inside the namespace (see package proc).
-	Processes []Process
+	Processes []Process `json:"processes,omitempty"`
 }
 
 // Restart policies of a Process.
@@ -63,20 +63,20 @@ const (
 // may gain privileges through setuid programs. User, Group, Capabilities
 // and NoNewPrivs take those away.
 type Process struct {
-	Name    string   // unique within the namespace; names its log file
-	Command []string // argv, placeholders expanded
-	Restart string   // RestartAlways, RestartOnFailure (default) or RestartNever
-	User    string   // user name or numeric UID; "": root
-	Group   string   // group name or numeric GID; "": the user's primary group
+	Name    string   `json:"name"`              // unique within the namespace; names its log file
+	Command []string `json:"command"`           // argv, placeholders expanded
+	Restart string   `json:"restart,omitempty"` // RestartAlways, RestartOnFailure (default) or RestartNever
+	User    string   `json:"user,omitempty"`    // user name or numeric UID; "": root
+	Group   string   `json:"group,omitempty"`   // group name or numeric GID; "": the user's primary group
 	// Capabilities, if not nil, are the only capabilities the process
 	// keeps (as ambient capabilities, so they survive the exec even for a
 	// non-root user); every other one is dropped from its bounding set.
 	// Names are canonical: "CAP_NET_ADMIN". An empty, non-nil list drops
 	// them all.
-	Capabilities []string
-	NoNewPrivs   bool  // prctl(PR_SET_NO_NEW_PRIVS): no privilege gained by exec
-	LogMax       int64 // rotate the log past this many bytes; 0: DefaultLogMax
-	LogKeep      int   // rotated logs kept (NAME.log.1 ...); 0: DefaultLogKeep
+	Capabilities []string `json:"capabilities"`
+	NoNewPrivs   bool     `json:"no_new_privs,omitempty"` // prctl(PR_SET_NO_NEW_PRIVS): no privilege gained by exec
+	LogMax       int64    `json:"log_max,omitempty"`      // rotate the log past this many bytes; 0: DefaultLogMax
+	LogKeep      int      `json:"log_keep,omitempty"`     // rotated logs kept (NAME.log.1 ...); 0: DefaultLogKeep
 }
 
 // Defaults of a Process's log rotation.
@@ -87,10 +87,10 @@ const (
 
 // Origin says where a namespace was declared.
 type Origin struct {
-	File     string
-	Line     int
-	Template string
-	Index    int
+	File     string `json:"file"`
+	Line     int    `json:"line"`
+	Template string `json:"template"`
+	Index    int    `json:"index"`
 }
 
 func (o Origin) String() string {
@@ -99,32 +99,32 @@ func (o Origin) String() string {
 
 // Sysctl is one per-namespace sysctl: Key in dotted form (net.ipv4.ip_forward).
 type Sysctl struct {
-	Key   string
-	Value string
+	Key   string `json:"key"`
+	Value string `json:"value"`
 }
 
 // Veth is a pair whose Host end lives in nsfleet's own namespace and whose Peer
 // end is created directly inside the namespace.
 type Veth struct {
-	Host      string
-	Peer      string
-	MTU       int // 0: the kernel's default
-	Up        bool
-	HostAddrs []netip.Prefix
-	PeerAddrs []netip.Prefix
+	Host      string         `json:"host"`
+	Peer      string         `json:"peer"`
+	MTU       int            `json:"mtu,omitempty"` // 0: the kernel's default
+	Up        bool           `json:"up,omitempty"`
+	HostAddrs []netip.Prefix `json:"host_addresses,omitempty"`
+	PeerAddrs []netip.Prefix `json:"peer_addresses,omitempty"`
 	// HostIPv6Off (host_ipv6: false): IPv6 off on the host end (its
 	// disable_ipv6), set before it goes up. A host end that goes up with
 	// IPv6 adds routes of its own to the host's IPv6 table, and with
 	// thousands of them every route lookup and interface change walks
 	// them all.
-	HostIPv6Off bool
+	HostIPv6Off bool `json:"host_ipv6_off,omitempty"`
 }
 
 // Route is a route inside the namespace. A zero To means the default route.
 type Route struct {
-	To  netip.Prefix
-	Via netip.Addr
-	Dev string // optional; when empty the kernel picks the device from Via
+	To  netip.Prefix `json:"to"`
+	Via netip.Addr   `json:"via,omitzero"`
+	Dev string       `json:"dev,omitempty"` // optional; when empty the kernel picks the device from Via
 }
 
 // Lookup returns the namespace called name.
@@ -134,6 +134,12 @@ func (f *Fleet) Lookup(name string) (*Namespace, bool) {
 		return nil, false
 	}
 	return &f.Namespaces[i], true
+}
+
+// Has reports whether f has a namespace called name.
+func (f *Fleet) Has(name string) bool {
+	_, ok := f.byName[name]
+	return ok
 }
 
 // Names returns the namespace names in declaration order.
@@ -726,6 +732,12 @@ func (f *Fleet) Subset(names []string) *Fleet {
 		}
 	}
 	return out
+}
+
+// FleetOf makes a fleet of namespaces already expanded (as a cluster stores
+// them), refusing a name or host interface given twice.
+func FleetOf(source string, nss []Namespace) (*Fleet, error) {
+	return assemble(source, [][]Namespace{nss}, len(nss))
 }
 
 // HasProcesses reports whether any namespace runs processes.

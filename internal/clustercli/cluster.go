@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/cluster"
+	"github.com/nsfleet/nsfleet/internal/version"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/spf13/cobra"
 )
@@ -21,12 +22,12 @@ func newCluster(g *globals) *cobra.Command {
 		Use:   "cluster",
 		Short: "Apply a spec to the cluster, show it, drain and uncordon nodes",
 		Long: `cluster talks to the cluster's etcd (--etcd, NSFLEET_ETCD, or the agent's
-embedded default on this machine). The cluster serves one spec: 'apply'
-stores it (after checking all of it, as 'nsfleet up' does), the elected
-scheduler spreads its namespaces over the live nodes, and every agent makes
-its node match.`,
+embedded default on this machine). The cluster serves the specs applied to
+it, each under a name: 'apply' stores one (after checking all of it, as
+'nsfleet up' does, and against the others), the elected scheduler spreads
+their namespaces over the live nodes, and every agent makes its node match.`,
 	}
-	cmd.AddCommand(newApply(g), newDelete(g), newStatus(g), newDrain(g), newUncordon(g), newFailover(g), newWait(g))
+	cmd.AddCommand(newApply(g), newDelete(g), newStatus(g), newDrain(g), newUncordon(g), newFailover(g), newWait(g), newMigrate(g))
 	return cmd
 }
 
@@ -43,21 +44,40 @@ func readSpec(file string) ([]byte, *spec.Fleet, error) {
 }
 
 func newApply(g *globals) *cobra.Command {
-	var file string
+	var file, name string
+	var dry bool
+	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "apply -f SPEC",
-		Short: "Store a spec as the cluster's fleet (idempotent)",
-		Long: `apply checks the whole spec, then stores it in one write: agents see either
-the old spec or the new one, never a mix. Applying the same spec again
-changes nothing. Namespaces that leave the spec are torn down by the nodes
-that serve them.`,
-		Example: `  nsfleet cluster apply -f examples/fake-routers.yaml`,
-		Args:    cobra.NoArgs,
+		Use:   "apply -f SPEC [--name NAME] [--dry-run]",
+		Short: "Store a spec under a name; only what changed is written",
+		Long: `apply checks the whole file (as 'nsfleet up' does) and against every other
+stored spec: a namespace or host interface that another spec has is refused,
+with both places. Then it compares the file with what is stored under the
+spec's name (--name, default the file's base name) and writes only the
+namespaces added, changed or removed, one key each: a file with one router
+changed writes that router's key and the spec's record. Applying the same
+file again writes nothing.
+
+A large apply is written in several transactions (each within etcd's
+defaults); agents may start on its first namespaces before the last are
+written. Namespaces that leave the spec are torn down by the nodes that
+serve them. Several specs live side by side; 'cluster delete NAME' removes
+one.`,
+		Example: `  nsfleet cluster apply -f examples/fake-routers.yaml
+  nsfleet cluster apply -f routers.yaml --dry-run     # what would change
+  nsfleet cluster apply -f lab.yaml --name lab-2 && nsfleet cluster wait`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if file == "" {
 				return usageError{fmt.Errorf("cluster apply: -f SPEC is required")}
 			}
-			data, f, err := readSpec(file)
+			if name == "" {
+				name = cluster.DefaultSpecName(file)
+			}
+			if err := cluster.ValidSpecName(name); err != nil {
+				return usageError{fmt.Errorf("cluster apply: --name: %w", err)}
+			}
+			_, f, err := readSpec(file)
 			if err != nil {
 				return err // file:line: what is wrong; nothing stored
 			}
@@ -66,41 +86,72 @@ that serve them.`,
 				return err
 			}
 			defer cli.Close()
-			ctx, cancel := g.rpc(cmd.Context())
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			res, err := cluster.Apply(ctx, cli, file, data, f)
+			o := cluster.ApplyOptions{Name: name, Source: file, DryRun: dry, Version: version.String()}
+			o.Progress = progress(g.stderr, "cluster apply: written")
+			start := time.Now()
+			res, err := cluster.Apply(ctx, cli, f, o)
 			if err != nil {
-				return fmt.Errorf("cluster apply: %w", err)
+				return fmt.Errorf("cluster apply: spec %s (%s): %w", name, file, err)
 			}
-			if !res.Changed {
-				fmt.Fprintf(g.stdout, "cluster apply: %s (%d namespaces) is already the cluster's spec; nothing to do\n", file, res.Count)
-				return nil
-			}
-			fmt.Fprintf(g.stdout, "cluster apply: %s stored (%d namespaces, revision %d)\n", file, res.Count, res.Rev)
+			printApply(g.stdout, res, file, len(f.Namespaces), dry, time.Since(start))
 			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "spec file (YAML)")
+	cmd.Flags().StringVar(&name, "name", "", "store the spec under this name (default: the file's base name)")
+	cmd.Flags().BoolVar(&dry, "dry-run", false, "show what would be written; write nothing")
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	return cmd
+}
+
+// progress returns a callback that reports long writes about once a second.
+func progress(w io.Writer, what string) func(done, total int) {
+	last := time.Now()
+	return func(done, total int) {
+		if time.Since(last) >= time.Second && done < total {
+			fmt.Fprintf(w, "%s %d of %d keys\n", what, done, total)
+			last = time.Now()
+		}
+	}
+}
+
+func printApply(w io.Writer, r cluster.ApplyResult, file string, count int, dry bool, took time.Duration) {
+	counts := fmt.Sprintf("%d added, %d changed, %d removed, %d unchanged", r.Added, r.Changed, r.Removed, r.Unchanged)
+	switch {
+	case r.Keys == 0:
+		fmt.Fprintf(w, "cluster apply: spec %s (%s, %d namespaces) is stored as it is; nothing written\n", r.Name, file, count)
+	case dry:
+		fmt.Fprintf(w, "cluster apply --dry-run: spec %s (%s): %s; would write %d keys in %d transactions; nothing written\n",
+			r.Name, file, counts, r.Keys, r.Txns)
+	default:
+		fmt.Fprintf(w, "cluster apply: spec %s (%s): %s; %d keys written in %d transactions (revision %d, %s)\n",
+			r.Name, file, counts, r.Keys, r.Txns, r.Rev, took.Round(time.Millisecond))
+	}
 }
 
 func newDelete(g *globals) *cobra.Command {
 	var file string
-	var force bool
 	cmd := &cobra.Command{
-		Use:   "delete -f SPEC",
-		Short: "Remove the cluster's spec: every node tears down what it serves",
-		Args:  cobra.NoArgs,
+		Use:   "delete NAME | -f SPEC",
+		Short: "Remove a stored spec: the nodes tear down its namespaces",
+		Long: `delete removes the spec stored under NAME (or under the name -f SPEC is
+applied with: its file's base name) with all its namespaces, in one
+transaction. The nodes that serve them tear them down; other specs are not
+touched. 'cluster status' lists the stored specs.`,
+		Example: `  nsfleet cluster delete fake-routers
+  nsfleet cluster delete -f examples/fake-routers.yaml`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if file == "" && !force {
-				return usageError{fmt.Errorf("cluster delete: -f SPEC (the spec the cluster serves) or --force is required")}
-			}
-			var data []byte
-			if file != "" {
-				var err error
-				if data, _, err = readSpec(file); err != nil {
-					return err
-				}
+			var name string
+			switch {
+			case len(args) == 1 && file == "":
+				name = args[0]
+			case len(args) == 0 && file != "":
+				name = cluster.DefaultSpecName(file)
+			default:
+				return usageError{fmt.Errorf("cluster delete: give the spec's NAME or -f SPEC (one of them)")}
 			}
 			cli, err := g.connect(cmd.Context(), "cluster delete")
 			if err != nil {
@@ -109,20 +160,63 @@ func newDelete(g *globals) *cobra.Command {
 			defer cli.Close()
 			ctx, cancel := g.rpc(cmd.Context())
 			defer cancel()
-			deleted, err := cluster.Delete(ctx, cli, file, data, force)
+			res, err := cluster.Delete(ctx, cli, name)
 			if err != nil {
 				return fmt.Errorf("cluster delete: %w", err)
 			}
-			if !deleted {
-				fmt.Fprintln(g.stdout, "cluster delete: the cluster serves no spec; nothing to do")
-				return nil
-			}
-			fmt.Fprintln(g.stdout, "cluster delete: spec removed; nodes are tearing down their namespaces (see nsfleet cluster status)")
+			fmt.Fprintf(g.stdout, "cluster delete: spec %s removed (%d namespaces, revision %d); nodes are tearing them down (see nsfleet cluster status)\n",
+				name, res.Namespaces, res.Rev)
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&file, "file", "f", "", "the spec the cluster serves")
-	cmd.Flags().BoolVar(&force, "force", false, "remove whatever spec the cluster serves")
+	cmd.Flags().StringVarP(&file, "file", "f", "", "the spec file (its base name is the spec's name)")
+	return cmd
+}
+
+func newMigrate(g *globals) *cobra.Command {
+	var name string
+	cmd := &cobra.Command{
+		Use:   "migrate [--name NAME]",
+		Short: "Move a running cluster from key layout 1 to 2 (one step of an upgrade)",
+		Long: `migrate moves a cluster made by a version that stored the whole spec in one
+etcd value (key layout 1) to this version's layout, while it serves:
+
+  1. run 'nsfleet cluster migrate' once, from any machine;
+  2. restart the agents with this version, one node at a time.
+
+migrate freezes layout 1 (its agents keep serving what they hold, and its
+scheduler moves nothing), then copies the spec under NAME (default: its
+file's base name), every node's assignment as it stands, cordons and held
+failovers. Each restarted agent adopts its node's lease and assignment:
+nothing moves and no namespace is re-created. Until a node is restarted,
+'cluster status' shows it as legacy; if it dies meanwhile, its namespaces
+fail over to the upgraded nodes. An agent of this version started before
+migrate refuses to join (its node fails over as a dead one). Running
+migrate again finishes a migration cut short.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if name != "" {
+				if err := cluster.ValidSpecName(name); err != nil {
+					return usageError{fmt.Errorf("cluster migrate: --name: %w", err)}
+				}
+			}
+			cli, err := g.connect(cmd.Context(), "cluster migrate")
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
+			defer cancel()
+			res, err := cluster.Migrate(ctx, cli, name, version.String())
+			if err != nil {
+				return fmt.Errorf("cluster migrate: %w", err)
+			}
+			fmt.Fprintf(g.stdout, "cluster migrate: layout 1 frozen; spec stored as %s (%d namespaces, %d keys); assignments of %d nodes (%d namespaces) copied. Now restart each agent with this version.\n",
+				res.Spec, res.Apply.Added+res.Apply.Changed+res.Apply.Unchanged, res.Apply.Keys, res.Nodes, res.Assigned)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "the name to store layout 1's spec under (default: its file's base name)")
 	return cmd
 }
 
@@ -161,11 +255,14 @@ func newStatus(g *globals) *cobra.Command {
 }
 
 func printStatus(w io.Writer, r *cluster.Report) {
-	if r.Spec == "" {
-		fmt.Fprintln(w, "spec: none applied")
+	if len(r.Specs) == 0 {
+		fmt.Fprintln(w, "specs: none applied")
 	} else {
-		fmt.Fprintf(w, "spec: %s, %d namespaces (revision %d): %d assigned, %d ready, %d unassigned\n",
-			r.Spec, r.SpecCount, r.SpecRev, r.Assigned, r.Ready, r.Unassigned)
+		fmt.Fprintf(w, "namespaces: %d stored (revision %d): %d assigned, %d ready, %d unassigned\n",
+			r.SpecCount, r.SpecRev, r.Assigned, r.Ready, r.Unassigned)
+		for _, sp := range r.Specs {
+			fmt.Fprintf(w, "spec %s: %d namespaces from %s, applied %s\n", sp.Name, sp.Namespaces, sp.Source, sp.Applied.Format(time.RFC3339))
+		}
 	}
 	if r.Scheduler != "" {
 		fmt.Fprintf(w, "scheduler: %s\n", r.Scheduler)

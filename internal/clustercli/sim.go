@@ -179,19 +179,15 @@ func campaignHealth(ctx context.Context, cli *clientv3.Client) string {
 // campaignRouters maps the first host veth of every namespace of the
 // stored spec to its namespace: what the checker watches.
 func campaignRouters(ctx context.Context, cli *clientv3.Client) (map[string]string, error) {
-	snap, err := cluster.Read(ctx, cli)
+	nss, err := cluster.Namespaces(ctx, cli)
 	if err != nil {
 		return nil, err
 	}
-	if snap.Spec == nil {
+	if len(nss) == 0 {
 		return nil, fmt.Errorf("no spec applied: apply one whose veths are up first")
 	}
-	f, err := snap.Spec.ParseSpec()
-	if err != nil {
-		return nil, fmt.Errorf("stored spec: %w", err)
-	}
 	routers := map[string]string{}
-	for _, ns := range f.Namespaces {
+	for _, ns := range nss {
 		if len(ns.Veths) > 0 {
 			routers[ns.Veths[0].Host] = ns.Name
 		}

@@ -215,7 +215,7 @@ func TestSim(t *testing.T) {
 
 	t.Run("apply", func(t *testing.T) {
 		must(t, "cluster", "apply", "-f", specFile)
-		if out := must(t, "cluster", "apply", "-f", specFile); !strings.Contains(out, "nothing to do") {
+		if out := must(t, "cluster", "apply", "-f", specFile); !strings.Contains(out, "nothing written") {
 			t.Errorf("second apply: %q", out)
 		}
 		waitFor(t, "every router on exactly one node", 30*time.Second, once(""))
@@ -386,8 +386,9 @@ func TestSim(t *testing.T) {
 			t.Errorf("after a refused apply the cluster serves %d namespaces", r.SpecCount)
 		}
 
-		// A spec too large for one etcd request: refused with the reason,
-		// not a raw gRPC error.
+		// A heterogeneous spec of 16,000 routers (2.5 MB of YAML, past
+		// etcd's request limit) fits: a dry run says how it would be
+		// cut (the real write is TestApplyLarge's).
 		var big strings.Builder
 		big.WriteString("namespaces:\n")
 		for i := 0; i < 16000; i++ {
@@ -395,8 +396,11 @@ func TestSim(t *testing.T) {
 		}
 		bigFile := filepath.Join(t.TempDir(), "big.yaml")
 		os.WriteFile(bigFile, []byte(big.String()), 0o644)
-		if _, err := run(t, "cluster", "apply", "-f", bigFile); err == nil || !strings.Contains(err.Error(), "etcd takes at most 1.5 MiB") {
-			t.Errorf("oversized spec: %v", err)
+		if out, err := run(t, "cluster", "apply", "-f", bigFile, "--dry-run"); err != nil || !strings.Contains(out, "16000 added") || !strings.Contains(out, "would write 32001 keys") {
+			t.Errorf("large spec, dry run: %q, %v", out, err)
+		}
+		if r := status(t); len(r.Specs) != 1 || r.SpecCount != count {
+			t.Errorf("after a dry run: specs %+v, %d namespaces", r.Specs, r.SpecCount)
 		}
 
 		// Two applies at once: each succeeds or is refused; the result is
@@ -406,11 +410,15 @@ func TestSim(t *testing.T) {
 		var wg sync.WaitGroup
 		for _, f := range []string{specFile, other} {
 			wg.Add(1)
-			go func() { defer wg.Done(); run(t, "cluster", "apply", "-f", f) }()
+			go func() { defer wg.Done(); run(t, "cluster", "apply", "-f", f, "--name", "routers") }()
 		}
 		wg.Wait()
 		if r := status(t); r.SpecCount != count && r.SpecCount != count-10 {
 			t.Errorf("after concurrent applies the spec has %d namespaces", r.SpecCount)
+		}
+		// The same names under another spec: refused, naming both files.
+		if _, err := run(t, "cluster", "apply", "-f", other); err == nil || !strings.Contains(err.Error(), "routers.yaml:2") || !strings.Contains(err.Error(), "other.yaml:2") {
+			t.Errorf("names claimed by two specs: %v", err)
 		}
 		must(t, "cluster", "apply", "-f", specFile)
 
@@ -440,7 +448,7 @@ func TestSim(t *testing.T) {
 	t.Run("processes refused", func(t *testing.T) {
 		withProc := filepath.Join(t.TempDir(), "procs.yaml")
 		os.WriteFile(withProc, []byte(nstest.FakeRouters(prefix, count)+"    processes:\n      - name: idle\n        command: [sleep, \"1000\"]\n"), 0o644)
-		must(t, "cluster", "apply", "-f", withProc)
+		must(t, "cluster", "apply", "-f", withProc, "--name", "routers")
 		waitFor(t, "no node serves a spec with processes", 20*time.Second, func() string {
 			r := status(t)
 			if r.Unassigned != count {

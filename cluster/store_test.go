@@ -1,0 +1,256 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nsfleet/nsfleet/spec"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// testEtcd starts a one-member etcd with etcd's default limits (1.5 MiB
+// requests, 128 operations per transaction) and returns a client.
+func testEtcd(t *testing.T) *clientv3.Client {
+	t.Helper()
+	cu, _ := url.Parse("http://" + freePort(t))
+	pu, _ := url.Parse("http://" + freePort(t))
+	cfg := embed.NewConfig()
+	cfg.Dir = filepath.Join(t.TempDir(), "data")
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	cfg.InitialCluster = cfg.Name + "=" + pu.String()
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop()) // no log file left open
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		t.Fatal("etcd not ready")
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{cu.String()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// routers writes a heterogeneous spec: one template per router, each with
+// its own addresses and route; extra is added to router 1's routes.
+func routers(prefix string, n int, extra string) string {
+	var b strings.Builder
+	b.WriteString("namespaces:\n")
+	for i := 1; i <= n; i++ {
+		a, b2, c := i/16384, i/64%256, i%64*4
+		fmt.Fprintf(&b, "  - name: %sr%d\n    veths:\n      - host: %sq%d\n        peer: qr-in\n        up: true\n        peer_addresses: [\"10.%d.%d.%d/30\"]\n    routes:\n      - to: default\n        via: 10.%d.%d.%d\n",
+			prefix, i, prefix, i, a, b2, c+2, a, b2, c+1)
+		if i == 1 && extra != "" {
+			b.WriteString(extra)
+		}
+	}
+	return b.String()
+}
+
+func mustParse(t *testing.T, file, yaml string) *spec.Fleet {
+	t.Helper()
+	f, err := spec.Parse(file, []byte(yaml), spec.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestApplyIsADiff(t *testing.T) {
+	cli := testEtcd(t)
+	ctx := context.Background()
+	apply := func(file, name, yaml string, dry bool) (ApplyResult, error) {
+		return Apply(ctx, cli, mustParse(t, file, yaml), ApplyOptions{Name: name, Source: file, DryRun: dry})
+	}
+	res, err := apply("a.yaml", "a", routers("a-", 3, ""), false)
+	if err != nil || res.Added != 3 || res.Keys != 3+3+1 {
+		t.Fatalf("first apply: %+v, %v (want 3 added, 3 namespaces + 3 host claims + meta)", res, err)
+	}
+	if res, err := apply("a.yaml", "a", routers("a-", 3, ""), false); err != nil || res.Keys != 0 || res.Unchanged != 3 {
+		t.Errorf("same again: %+v, %v", res, err)
+	}
+	// One route more on one router: that router's key and the meta.
+	route := "      - to: 192.0.2.0/24\n        via: 10.0.0.5\n"
+	if res, err := apply("a.yaml", "a", routers("a-", 3, route), true); err != nil || res.Changed != 1 || res.Keys != 2 {
+		t.Errorf("dry run of one change: %+v, %v", res, err)
+	}
+	snap, _ := Read(ctx, cli)
+	res, err = apply("a.yaml", "a", routers("a-", 3, route), false)
+	if err != nil || res.Changed != 1 || res.Unchanged != 2 || res.Keys != 2 || res.Rev <= snap.SpecRev {
+		t.Errorf("one change: %+v, %v", res, err)
+	}
+	// A line added above every router moves their origins only.
+	if res, err := apply("a.yaml", "a", "# a comment\n"+routers("a-", 3, route), false); err != nil || res.Keys != 0 {
+		t.Errorf("lines moved: %+v, %v", res, err)
+	}
+	// Router 3 removed, router 4 added.
+	four := routers("a-", 4, route)
+	three := strings.Replace(four, routers("a-", 3, route)[len("namespaces:\n"):], routers("a-", 2, route)[len("namespaces:\n"):], 1)
+	if res, err := apply("a.yaml", "a", three, false); err != nil || res.Removed != 1 || res.Added != 1 || res.Unchanged != 2 {
+		t.Errorf("one removed, one added: %+v, %v", res, err)
+	}
+	nss, err := Namespaces(ctx, cli)
+	if err != nil || len(nss) != 3 {
+		t.Fatalf("stored: %d, %v", len(nss), err)
+	}
+	if ns := nss[0]; ns.Name != "a-r1" || len(ns.Routes) != 2 || ns.Origin.File != "a.yaml" || ns.Origin.Line == 0 {
+		t.Errorf("a-r1 stored as %+v", ns)
+	}
+
+	// Another spec may not take a name or a host interface of this one.
+	_, err = apply("b.yaml", "b", "namespaces:\n  - name: a-r1\n", false)
+	if err == nil || !strings.Contains(err.Error(), "b.yaml:2: namespace a-r1 is also in spec a (a.yaml:") {
+		t.Errorf("name of another spec: %v", err)
+	}
+	_, err = apply("b.yaml", "b", "namespaces:\n  - name: b-r1\n    veths:\n      - host: a-q2\n        peer: x\n", false)
+	if err == nil || !strings.Contains(err.Error(), "host interface a-q2 of b-r1 is also claimed by a-r2 of spec a (a.yaml:") {
+		t.Errorf("host interface of another spec: %v", err)
+	}
+	if res, err := apply("b.yaml", "b", routers("b-", 2, ""), false); err != nil || res.Added != 2 {
+		t.Fatalf("second spec: %+v, %v", res, err)
+	}
+	snap, err = Read(ctx, cli)
+	if err != nil || len(snap.Names) != 5 || len(snap.Specs) != 2 || snap.SpecOf["b-r2"] != "b" {
+		t.Fatalf("two specs: %+v, %v", snap, err)
+	}
+	if _, err := Delete(ctx, cli, "nope"); err == nil || !strings.Contains(err.Error(), "stored: a, b") {
+		t.Errorf("delete of an unknown spec: %v", err)
+	}
+	if res, err := Delete(ctx, cli, "a"); err != nil || res.Namespaces != 3 {
+		t.Errorf("delete a: %+v, %v", res, err)
+	}
+	snap, _ = Read(ctx, cli)
+	if !slices.Equal(snap.Names, []string{"b-r1", "b-r2"}) || len(snap.Specs) != 1 {
+		t.Errorf("after deleting a: %v, specs %v", snap.Names, snap.Specs)
+	}
+	// a's claims went with it: b may take its host interface now.
+	if _, err = apply("b.yaml", "b", routers("b-", 2, "")+"  - name: b-r9\n    veths:\n      - host: a-q2\n        peer: x\n", false); err != nil {
+		t.Errorf("a host interface freed by delete: %v", err)
+	}
+}
+
+// A heterogeneous fleet of twice etcd's request limit is stored within
+// etcd's defaults, no value over MaxValueBytes; one change writes two keys.
+func TestApplyLarge(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stores 16,000 namespaces")
+	}
+	cli := testEtcd(t)
+	ctx := context.Background()
+	const n = 16000
+	yaml := routers("", n, "")
+	if len(yaml) < 1536*1024*3/2 {
+		t.Fatalf("spec of %d bytes: not larger than etcd's request limit", len(yaml))
+	}
+	res, err := Apply(ctx, cli, mustParse(t, "big.yaml", yaml), ApplyOptions{Name: "big", Source: "big.yaml"})
+	if err != nil || res.Added != n || res.Txns < 2*n/maxTxnOps {
+		t.Fatalf("apply: %+v, %v", res, err)
+	}
+	resp, err := cli.Get(ctx, Prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		if len(kv.Value) > MaxValueBytes {
+			t.Errorf("%s: %d bytes", kv.Key, len(kv.Value))
+		}
+	}
+	snap, err := Read(ctx, cli)
+	if err != nil || len(snap.Names) != n {
+		t.Fatalf("read: %d names, %v", len(snap.Names), err)
+	}
+	res, err = Apply(ctx, cli, mustParse(t, "big.yaml", routers("", n, "      - to: 192.0.2.0/24\n        via: 10.0.0.5\n")), ApplyOptions{Name: "big", Source: "big.yaml"})
+	if err != nil || res.Changed != 1 || res.Keys != 2 || res.Txns != 1 {
+		t.Errorf("one change in %d: %+v, %v", n, res, err)
+	}
+}
+
+// A cluster of key layout 1 is moved while it serves: frozen (its spec no
+// longer parses, its scheduler's writes in flight fail), copied whole.
+func TestMigrate(t *testing.T) {
+	cli := testEtcd(t)
+	ctx := context.Background()
+	yaml := "namespaces:\n  - name: \"bar-{i}\"\n    count: 4\n    veths:\n      - host: \"qro-{i}\"\n        peer: qri\n"
+	lease, err := cli.Grant(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(k string, v any, opts ...clientv3.OpOption) {
+		s, ok := v.(string)
+		if !ok {
+			s = encode(v)
+		}
+		if _, err := cli.Put(ctx, k, s, opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(V1KeySchema, "1")
+	put(V1KeySpec, v1SpecDoc{Source: "/etc/nsfleet/fake-routers.yaml", YAML: yaml, Count: 4})
+	put(V1Prefix+"assign/node-a", Assignment{Names: []string{"bar-1", "bar-3"}})
+	put(V1Prefix+"assign/node-b", Assignment{Names: []string{"bar-2"}, Releasing: []string{"bar-4"}})
+	put(V1Prefix+"cordon/node-b", Cordon{Reason: "maintenance"})
+	put(V1NodesPrefix+"node-a", NodeInfo{Name: "node-a", LeaseID: int64(lease.ID)}, clientv3.WithLease(lease.ID))
+	put(V1KeyAssignGen, "g")
+	gen, _ := cli.Get(ctx, V1KeyAssignGen)
+
+	if _, err := Apply(ctx, cli, mustParse(t, "x.yaml", yaml), ApplyOptions{Name: "x"}); err != ErrLayoutV1 {
+		t.Errorf("apply before migrate: %v, want ErrLayoutV1", err)
+	}
+	res, err := Migrate(ctx, cli, "", "test")
+	if err != nil || res.Spec != "fake-routers" || res.Assigned != 3 || res.Nodes != 2 || !res.Frozen {
+		t.Fatalf("migrate: %+v, %v", res, err)
+	}
+	snap, err := Read(ctx, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := snap.Assign["node-a"]; !slices.Equal(a.Names, []string{"bar-1", "bar-3"}) {
+		t.Errorf("node-a: %+v", a)
+	}
+	if b := snap.Assign["node-b"]; !slices.Equal(b.Names, []string{"bar-2"}) || !slices.Equal(b.Releasing, []string{"bar-4"}) {
+		t.Errorf("node-b: %+v", b)
+	}
+	if len(snap.Names) != 4 || snap.Specs["fake-routers"].Count != 4 || snap.Cordons["node-b"].Reason != "maintenance" {
+		t.Errorf("copied: names %v, specs %v, cordons %v", snap.Names, snap.Specs, snap.Cordons)
+	}
+	if !snap.Legacy["node-a"] || snap.Nodes["node-a"].LeaseID != int64(lease.ID) {
+		t.Errorf("node-a, still on layout 1, is not seen alive: %+v", snap.Nodes)
+	}
+	st := StateOf(snap, snap.Names, false)
+	if p := Schedule(st); p.Assign["node-a"] != nil {
+		t.Errorf("the scheduler rewrites the legacy node's assignment: %+v", p.Assign["node-a"])
+	}
+	// Layout 1 is frozen: its spec does not parse, assign-gen moved.
+	cur, _ := cli.Get(ctx, V1KeySpec)
+	var doc v1SpecDoc
+	json.Unmarshal(cur.Kvs[0].Value, &doc)
+	if _, err := spec.Parse(doc.Source, []byte(doc.YAML), spec.Options{}); err == nil {
+		t.Errorf("layout 1 spec still parses: %q", doc.YAML)
+	}
+	if g, _ := cli.Get(ctx, V1KeyAssignGen); g.Kvs[0].ModRevision == gen.Kvs[0].ModRevision {
+		t.Error("layout 1 assign-gen not bumped")
+	}
+	// Again: nothing to do, nothing broken.
+	if res, err := Migrate(ctx, cli, "", "test"); err != nil || res.Frozen || res.Spec != "fake-routers" {
+		t.Errorf("second migrate: %+v, %v", res, err)
+	}
+	if res, err := Apply(ctx, cli, mustParse(t, "fake-routers.yaml", yaml), ApplyOptions{Name: "fake-routers", Source: "/etc/nsfleet/fake-routers.yaml"}); err != nil || res.Unchanged != 4 || res.Keys != 0 {
+		t.Errorf("apply after migrate: %+v, %v", res, err)
+	}
+}
