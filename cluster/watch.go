@@ -304,6 +304,10 @@ func (a *Agent) takeEvent(ev *clientv3.Event) bool {
 			a.learnHosts([]string{name})
 		}
 		return applied || assigned
+	case strings.HasPrefix(k, SpecsPrefix):
+		// An apply or delete is whole: reconcile (mostly nothing to do) so
+		// that the status says the node has taken it.
+		return true
 	case strings.HasPrefix(k, AssignNodePrefix(a.cfg.Node)):
 		delete(d.assignBad, k)
 		var as Assignment

@@ -371,6 +371,52 @@ func TestDayTwo(t *testing.T) {
 		}
 	})
 
+	t.Run("a second spec beside the first, then deleted", func(t *testing.T) {
+		lab := filepath.Join(t.TempDir(), "lab.yaml")
+		labName := func(i int) string { return fmt.Sprintf("%slab-%d", prefix, i) }
+		os.WriteFile(lab, []byte(fmt.Sprintf("namespaces:\n  - name: \"%slab-{i}\"\n    count: 4\n    veths:\n      - host: \"%sl{i}\"\n        peer: qr\n        up: true\n", prefix, prefix)), 0o644)
+		if out := must(t, "cluster", "apply", "-f", lab); !strings.Contains(out, "spec lab") || !strings.Contains(out, "4 added") {
+			t.Errorf("apply of a second spec: %q", out)
+		}
+		settle(t, "both specs served", func() string {
+			for i := 1; i <= 4; i++ {
+				if v := inKernel(t, dir, st, labName(i)); v.node == "" {
+					return labName(i) + " on no node"
+				}
+			}
+			if v := view(1); v.node == "" || len(v.procs) != 1 {
+				return fmt.Sprintf("%s: node %q, processes %v", name(1), v.node, v.procs)
+			}
+			return ""
+		})
+		// A third file that takes a router of the first: refused, nothing
+		// stored, nothing in the kernel changes.
+		thief := filepath.Join(t.TempDir(), "thief.yaml")
+		os.WriteFile(thief, []byte(fmt.Sprintf("namespaces:\n  - name: %s\n  - name: %sthief\n", name(1), prefix)), 0o644)
+		if _, err := run(t, "cluster", "apply", "-f", thief); err == nil || !strings.Contains(err.Error(), "thief.yaml:2: namespace "+name(1)+" is also in spec gateway (") {
+			t.Errorf("a name of another spec: %v", err)
+		}
+		if v := inKernel(t, dir, st, prefix+"thief"); v.node != "" {
+			t.Errorf("a refused apply made %sthief on %s", prefix, v.node)
+		}
+		if out := must(t, "cluster", "delete", "lab"); !strings.Contains(out, "4 namespaces") {
+			t.Errorf("delete: %q", out)
+		}
+		settle(t, "the second spec gone, the first untouched", func() string {
+			for i := 1; i <= 4; i++ {
+				if v := inKernel(t, dir, st, labName(i)); v.node != "" {
+					return labName(i) + " still on " + v.node
+				}
+			}
+			for i := range rs {
+				if v := view(i); v.node == "" || len(v.procs) != 1 {
+					return fmt.Sprintf("%s: node %q, processes %v", name(i), v.node, v.procs)
+				}
+			}
+			return ""
+		})
+	})
+
 	t.Run("drain and uncordon keep the daemons", func(t *testing.T) {
 		must(t, "cluster", "drain", "node-1", "--wait", "30s")
 		settle(t, "node-1 empty, every router and daemon elsewhere", func() string {
