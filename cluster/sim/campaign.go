@@ -424,7 +424,7 @@ func (n *nemesis) apply(ctx context.Context, f Fault) error {
 		label += " " + node.Name
 		n.o.Log("campaign: %s", label)
 		hold = 0
-		if err := Restart(n.o.Dir, node.Name); err != nil {
+		if err := Restart(n.o.Dir, node.Name, ""); err != nil {
 			return err
 		}
 		undo = func() error { return nil }

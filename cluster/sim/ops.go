@@ -28,6 +28,7 @@ type Options struct {
 	Dir            string
 	Nodes          int
 	Binary         string        // nsfleet-cluster to run the daemons; "": this executable
+	AgentBinary    string        // runs the agents instead; "": Binary
 	LeaseTTL       time.Duration // agents' --lease-ttl; 0: their default
 	Capacity       int
 	AllowProcesses bool
@@ -66,7 +67,12 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 			return nil, err
 		}
 	}
-	st = &State{Dir: dir, Binary: bin, MadeDir: made, Capacity: o.Capacity, Procs: o.AllowProcesses}
+	if o.AgentBinary != "" {
+		if o.AgentBinary, err = filepath.Abs(o.AgentBinary); err != nil {
+			return nil, err
+		}
+	}
+	st = &State{Dir: dir, Binary: bin, AgentBinary: o.AgentBinary, MadeDir: made, Capacity: o.Capacity, Procs: o.AllowProcesses}
 	if o.LeaseTTL > 0 {
 		st.LeaseTTL = o.LeaseTTL.String()
 	}
@@ -291,7 +297,7 @@ func (st *State) startProxy() error {
 func nodeName(k int) string { return fmt.Sprintf("node-%d", k) }
 
 func (st *State) addNode(k int) error {
-	n := NodeInfo{Name: nodeName(k), Index: k, NetPin: st.nsPin(nodeName(k))}
+	n := NodeInfo{Name: nodeName(k), Index: k, NetPin: st.nsPin(nodeName(k)), Binary: st.AgentBinary}
 	ndir := filepath.Join(st.Dir, "nodes", n.Name)
 	n.RunDir = filepath.Join(ndir, "netns")
 	n.MntPin = filepath.Join(ndir, "mnt")
@@ -366,6 +372,11 @@ func (st *State) startAgent(n *NodeInfo) error {
 	if st.Procs {
 		args = append(args, "--allow-processes")
 	}
+	bin := st.Binary
+	if n.Binary != "" {
+		st.Binary = n.Binary
+		defer func() { st.Binary = bin }()
+	}
 	d, err := st.start("agent "+n.Name, args, n.NetPin, n.MntPin, filepath.Join(filepath.Dir(n.RunDir), "agent.log"))
 	if err != nil {
 		return fmt.Errorf("%s: %w", n.Name, err)
@@ -393,11 +404,22 @@ func loadNode(dir, node string, killedOK bool) (*State, *NodeInfo, error) {
 }
 
 // Restart kills a node's agent (SIGKILL, as a crash) and starts a new one
-// in the same node: its namespaces and processes stay.
-func Restart(dir, node string) error {
+// in the same node: its namespaces and processes stay. A binary other than
+// "" runs the new agent (and the node's next ones): an upgrade.
+func Restart(dir, node, binary string) error {
 	st, n, err := loadNode(dir, node, false)
 	if err != nil {
 		return err
+	}
+	if binary != "" {
+		abs, err := filepath.Abs(binary)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return fmt.Errorf("sim restart %s: --binary: %w", node, err)
+		}
+		n.Binary = abs
 	}
 	n.Agent.kill(syscall.SIGKILL, 5*time.Second)
 	if err := st.startAgent(n); err != nil {

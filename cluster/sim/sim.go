@@ -28,17 +28,19 @@ import (
 
 // State is DIR/sim.json: what sim made, to find and remove it again.
 type State struct {
-	Dir       string     `json:"dir"`
-	Binary    string     `json:"binary"` // the nsfleet-cluster that runs the daemons
-	MadeDir   bool       `json:"made_dir"`
-	LeaseTTL  string     `json:"lease_ttl"`
-	Capacity  int        `json:"capacity"`
-	Procs     bool       `json:"allow_processes"`
-	HubPin    string     `json:"hub_pin"`
-	Members   []Daemon   `json:"etcd_members"`
-	Proxy     Daemon     `json:"proxy"`
-	ProxyAddr string     `json:"proxy_addr"`
-	Nodes     []NodeInfo `json:"nodes"`
+	Dir    string `json:"dir"`
+	Binary string `json:"binary"` // the nsfleet-cluster that runs the daemons
+	// AgentBinary runs new nodes' agents, if not Binary.
+	AgentBinary string     `json:"agent_binary,omitempty"`
+	MadeDir     bool       `json:"made_dir"`
+	LeaseTTL    string     `json:"lease_ttl"`
+	Capacity    int        `json:"capacity"`
+	Procs       bool       `json:"allow_processes"`
+	HubPin      string     `json:"hub_pin"`
+	Members     []Daemon   `json:"etcd_members"`
+	Proxy       Daemon     `json:"proxy"`
+	ProxyAddr   string     `json:"proxy_addr"`
+	Nodes       []NodeInfo `json:"nodes"`
 }
 
 // Daemon is a process sim started.
@@ -58,6 +60,9 @@ type NodeInfo struct {
 	RunDir string `json:"run_dir"`
 	Agent  Daemon `json:"agent"`
 	Killed bool   `json:"killed,omitempty"`
+	// Binary runs this node's agent, if not the sim's (an upgrade
+	// rehearsed node by node).
+	Binary string `json:"binary,omitempty"`
 }
 
 // PeerAddr is where node k's agent answers its peers: its address on the

@@ -49,7 +49,7 @@ NSFLEET_ETCD that reaches them from here.`,
 	}
 	cmd.AddCommand(simUp(g, &dir, need), simLs(g, &dir, need), simDown(g, &dir, need), simAdd(g, &dir, need),
 		simNodeOp(g, &dir, need, "kill", "Power loss: kill NODE's agent and processes, remove the node with everything in it", sim.Kill),
-		simNodeOp(g, &dir, need, "restart", "Kill NODE's agent (SIGKILL) and start a new one in the same node", sim.Restart),
+		simRestart(g, &dir, need),
 		simNodeOp(g, &dir, need, "partition", "Cut NODE's network path to etcd; its agent keeps running", sim.Partition),
 		simNodeOp(g, &dir, need, "heal", "Restore NODE's network path to etcd", sim.Heal),
 		simCampaign(g, &dir, need), simProxy())
@@ -240,6 +240,7 @@ func simUp(g *globals, dir *string, need func(string) error) *cobra.Command {
 	var nodes, capacity int
 	var ttl, wait time.Duration
 	var procs bool
+	var agentBin string
 	cmd := &cobra.Command{
 		Use:   "up --nodes N --dir DIR",
 		Short: "Make the sim and wait until every node has joined",
@@ -252,7 +253,7 @@ func simUp(g *globals, dir *string, need func(string) error) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, err := sim.Up(cmd.Context(), sim.Options{Dir: *dir, Nodes: nodes, Binary: self, LeaseTTL: ttl,
+			st, err := sim.Up(cmd.Context(), sim.Options{Dir: *dir, Nodes: nodes, Binary: self, AgentBinary: agentBin, LeaseTTL: ttl,
 				Capacity: capacity, AllowProcesses: procs, Log: func(f string, a ...any) { fmt.Fprintf(g.stderr, "sim: "+f+"\n", a...) }})
 			if err != nil {
 				return err
@@ -270,6 +271,7 @@ func simUp(g *globals, dir *string, need func(string) error) *cobra.Command {
 	f.IntVar(&capacity, "capacity", 0, "each agent's --capacity (0: no limit)")
 	f.DurationVar(&ttl, "lease-ttl", 0, "each agent's --lease-ttl (0: the agent's default, 5s)")
 	f.BoolVar(&procs, "allow-processes", false, "agents serve specs with processes")
+	f.StringVar(&agentBin, "agent-binary", "", "run the agents from this nsfleet-cluster (another version), not this one")
 	f.DurationVar(&wait, "wait", 90*time.Second, "how long to wait for etcd and the agents")
 	return cmd
 }
@@ -400,6 +402,20 @@ func simAdd(g *globals, dir *string, need func(string) error) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func simRestart(g *globals, dir *string, need func(string) error) *cobra.Command {
+	var binary string
+	cmd := simNodeOp(g, dir, need, "restart", "Kill NODE's agent (SIGKILL) and start a new one in the same node",
+		func(dir, node string) error { return sim.Restart(dir, node, binary) })
+	cmd.Long = `restart kills NODE's agent as a crash would and starts a new one in the same
+node: its namespaces and processes stay, and the new agent adopts its lease.
+With --binary, the new agent (and the node's next ones) is that
+nsfleet-cluster: rehearse an upgrade node by node.`
+	cmd.Example = `  nsfleet sim restart node-2 --dir /tmp/sim
+  nsfleet sim restart node-2 --dir /tmp/sim --binary ./new/nsfleet-cluster`
+	cmd.Flags().StringVar(&binary, "binary", "", "the nsfleet-cluster to run the node's agent from now on")
+	return cmd
 }
 
 func simNodeOp(g *globals, dir *string, need func(string) error, op, short string, fn func(dir, node string) error) *cobra.Command {
