@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -253,4 +255,32 @@ func TestMigrate(t *testing.T) {
 	if res, err := Apply(ctx, cli, mustParse(t, "fake-routers.yaml", yaml), ApplyOptions{Name: "fake-routers", Source: "/etc/nsfleet/fake-routers.yaml"}); err != nil || res.Unchanged != 4 || res.Keys != 0 {
 		t.Errorf("apply after migrate: %+v, %v", res, err)
 	}
+}
+
+// FuzzDecodeNamespace: any stored value either is refused or decodes to a
+// namespace that, stored again, decodes to the same.
+func FuzzDecodeNamespace(f *testing.F) {
+	fl, err := spec.Parse("f.yaml", []byte(routers("f-", 2, "")), spec.Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for i := range fl.Namespaces {
+		val, _ := EncodeNamespace(&fl.Namespaces[i])
+		f.Add("f-r"+strconv.Itoa(i+1), val)
+	}
+	f.Add("x", []byte(`{"origin":{},"namespace":{"name":"x","veths":[{"host":"a","peer":"b","host_addresses":["10.0.0.1/8"]}],"routes":[{"to":"0.0.0.0/0","via":"1.2.3.4"}]}}`))
+	f.Fuzz(func(t *testing.T, name string, val []byte) {
+		ns, err := DecodeNamespace(name, val)
+		if err != nil {
+			return
+		}
+		again, _ := EncodeNamespace(ns)
+		ns2, err := DecodeNamespace(name, again)
+		if err != nil {
+			t.Fatalf("re-encoded value refused: %v\n%s", err, again)
+		}
+		if !reflect.DeepEqual(ns, ns2) {
+			t.Fatalf("round trip changed it:\n%+v\n%+v", ns, ns2)
+		}
+	})
 }
