@@ -82,7 +82,9 @@ func (sc *scheduler) lead(ctx context.Context, lease clientv3.LeaseID) error {
 			from = snap.Rev + 1
 			go sc.follow(wctx, from, kick)
 		}
-		rctx, rcancel = context.WithTimeout(wctx, sc.timeout)
+		// A plan for a large fleet is several transactions (failover of
+		// 13,000 names at 40,000): time for each of them.
+		rctx, rcancel = context.WithTimeout(wctx, 4*sc.timeout)
 		err = sc.round(rctx, snap, leaderKey, leaderRev)
 		rcancel()
 		if err != nil && ctx.Err() == nil {
@@ -213,9 +215,15 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 		if err != nil || !ok {
 			return err // !ok: someone else wrote first: read again
 		}
+		// The record, once the plan is written, with a deadline of its own:
+		// the next round sees no lost node, so a record missed here would
+		// never be written.
 		for _, node := range lost {
 			fo := Failover{Node: node, Detected: now, Moved: p.Orphaned[node], To: p.Placed, AssignRev: rev, Unassigned: p.Unassigned}
-			if _, err := sc.cli.Put(ctx, FailoverKey(rev), encode(fo)); err != nil {
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sc.timeout)
+			_, err := sc.cli.Put(pctx, FailoverKey(rev), encode(fo))
+			cancel()
+			if err != nil {
 				return err
 			}
 			sc.metrics.failover()

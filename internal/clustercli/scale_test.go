@@ -138,7 +138,7 @@ func TestClusterScale(t *testing.T) {
 	}
 	must(t, "sim", "kill", victim, "--dir", dir)
 	var fo time.Duration
-	waitFor(t, "failover done", 20*time.Minute, func() string {
+	waitFor(t, "failover done", max(2*time.Minute, 2*ready), func() string {
 		for _, f := range status(t).Failovers {
 			if f.Node == victim && !f.Ready.IsZero() {
 				fo = time.Duration(f.Seconds * float64(time.Second))
