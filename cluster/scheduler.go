@@ -257,7 +257,9 @@ func (sc *scheduler) commit(ctx context.Context, guard []clientv3.Cmp, ops []cli
 		if i > 0 {
 			guard = []clientv3.Cmp{guard[0], clientv3.Compare(clientv3.ModRevision(KeyAssignGen), "=", rev)}
 		}
-		resp, err := sc.cli.Txn(ctx).If(guard...).Then(append(b, gen)...).Commit()
+		// b is a window on ops: appending to it in place would overwrite
+		// the next batch's first operation.
+		resp, err := sc.cli.Txn(ctx).If(guard...).Then(append(b[:len(b):len(b)], gen)...).Commit()
 		if err != nil {
 			return 0, false, err
 		}

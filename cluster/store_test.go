@@ -284,3 +284,36 @@ func FuzzDecodeNamespace(f *testing.F) {
 		}
 	})
 }
+
+// A plan longer than one transaction is written whole, chained on
+// assign-gen; a write by someone else in between breaks the chain.
+func TestCommitChained(t *testing.T) {
+	cli := testEtcd(t)
+	ctx := context.Background()
+	leader, err := cli.Put(ctx, "leader", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := &scheduler{cli: cli}
+	guard := []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision("leader"), "=", leader.Header.Revision),
+		clientv3.Compare(clientv3.ModRevision(KeyAssignGen), "=", 0),
+	}
+	var ops []clientv3.Op
+	for i := range 300 {
+		ops = append(ops, clientv3.OpPut(fmt.Sprintf("%sk%03d", AssignPrefix, i), "v"))
+	}
+	rev, ok, err := sc.commit(ctx, guard, ops, time.Now())
+	if err != nil || !ok {
+		t.Fatalf("commit of 300 ops: %v, %v", ok, err)
+	}
+	resp, _ := cli.Get(ctx, AssignPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	gen, _ := cli.Get(ctx, KeyAssignGen)
+	if resp.Count != 300 || len(gen.Kvs) != 1 || gen.Kvs[0].ModRevision != rev {
+		t.Errorf("after commit: %d keys, assign-gen %v, rev %d", resp.Count, gen.Kvs, rev)
+	}
+	// A stale guard (assign-gen moved since): nothing written.
+	if _, ok, err := sc.commit(ctx, guard, ops[:1], time.Now()); err != nil || ok {
+		t.Errorf("stale guard: ok %v, %v", ok, err)
+	}
+}
