@@ -180,11 +180,11 @@ func apply(ctx context.Context, cli *clientv3.Client, f *spec.Fleet, o ApplyOpti
 		ops = append(ops, clientv3.OpPut(KeySchema, SchemaVersion))
 	}
 	if o.DryRun {
-		res.Txns = len(batches(ops, plan.sizes(ops)))
+		res.Txns = len(batches(ops))
 		return res, nil
 	}
 	written := 0
-	for _, b := range batches(ops, plan.sizes(ops)) {
+	for _, b := range batches(ops) {
 		resp, err := cli.Txn(ctx).If(m.IsOwner()).Then(b...).Commit()
 		if err != nil {
 			return res, fmt.Errorf("after %d of %d keys: %w", written, len(ops), err)
@@ -205,19 +205,9 @@ func apply(ctx context.Context, cli *clientv3.Client, f *spec.Fleet, o ApplyOpti
 // plannedApply is what an apply writes.
 type plannedApply struct {
 	ops                                []clientv3.Op
-	size                               map[int]int // bytes of ops[i], for the puts
 	added, changed, removed, unchanged int
 	metaRev                            int64
 	metaSame                           bool // the stored meta says the same source and count
-}
-
-func (p *plannedApply) sizes(ops []clientv3.Op) func(i int) int {
-	return func(i int) int {
-		if n, ok := p.size[i]; ok {
-			return n
-		}
-		return len(ops[i].KeyBytes()) + len(ops[i].ValueBytes()) + 16
-	}
 }
 
 // planApply reads what is stored and compares it with f.
@@ -256,7 +246,7 @@ func planApply(ctx context.Context, cli *clientv3.Client, f *spec.Fleet, o Apply
 	if err := conflicts(ctx, cli, f, other, otherHosts); err != nil {
 		return nil, err
 	}
-	p := &plannedApply{size: map[int]int{}}
+	p := &plannedApply{}
 	if kvs := resp.Responses[3].GetResponseRange().Kvs; len(kvs) == 1 {
 		p.metaRev = kvs[0].ModRevision
 		var m SpecMeta
@@ -304,7 +294,6 @@ func planApply(ctx context.Context, cli *clientv3.Client, f *spec.Fleet, o Apply
 		} else {
 			p.added++
 		}
-		p.size[len(p.ops)] = len(val) + len(NsKey(o.Name, ns.Name)) + 16
 		p.ops = append(p.ops, clientv3.OpPut(NsKey(o.Name, ns.Name), string(val)))
 	}
 	return p, nil
@@ -349,11 +338,11 @@ func conflicts(ctx context.Context, cli *clientv3.Client, f *spec.Fleet, other, 
 }
 
 // batches cuts ops into transactions within maxTxnOps and maxTxnBytes.
-func batches(ops []clientv3.Op, size func(int) int) [][]clientv3.Op {
+func batches(ops []clientv3.Op) [][]clientv3.Op {
 	var out [][]clientv3.Op
 	start, bytes := 0, 0
 	for i := range ops {
-		n := size(i)
+		n := len(ops[i].KeyBytes()) + len(ops[i].ValueBytes()) + 16 // and framing
 		if i > start && (i-start >= maxTxnOps || bytes+n > maxTxnBytes) {
 			out = append(out, ops[start:i])
 			start, bytes = i, 0

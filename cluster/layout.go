@@ -235,12 +235,16 @@ func validKeyPart(what, n string) error {
 		return fmt.Errorf("%s name %q: want 1 to 63 characters", what, n)
 	}
 	for _, c := range n {
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
-		if !ok {
+		if !keyChar(c) {
 			return fmt.Errorf("%s name %q: only letters, digits, '-', '_' and '.'", what, n)
 		}
 	}
 	return nil
+}
+
+// keyChar reports whether c may be in a key part (and a file name).
+func keyChar(c rune) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
 }
 
 func encode(v any) string {

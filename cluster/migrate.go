@@ -157,7 +157,7 @@ func migrateState(ctx context.Context, cli *clientv3.Client, kvs []*mvccpb.KeyVa
 	snap.Parts = cur.Parts
 	ops = append(ops, assignOps(snap, plan)...)
 	ops = append(ops, clientv3.OpPut(KeyAssignGen, time.Now().UTC().Format(time.RFC3339Nano)), clientv3.OpPut(KeySchema, SchemaVersion))
-	for _, b := range batches(ops, func(i int) int { return len(ops[i].KeyBytes()) + len(ops[i].ValueBytes()) + 16 }) {
+	for _, b := range batches(ops) {
 		if _, err := cli.Txn(ctx).Then(b...).Commit(); err != nil {
 			return err
 		}
@@ -171,8 +171,7 @@ func DefaultSpecName(file string) string {
 	base := strings.TrimSuffix(filepath.Base(file), filepath.Ext(file))
 	var b strings.Builder
 	for _, c := range base {
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'
-		if !ok {
+		if !keyChar(c) {
 			c = '-'
 		}
 		b.WriteRune(c)

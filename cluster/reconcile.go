@@ -204,9 +204,6 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 func hostVeths(c Catalog, names []string) []string {
 	var out []string
 	for _, n := range names {
-		if c == nil {
-			break
-		}
 		if ns, ok := c.Lookup(n); ok {
 			for _, v := range ns.Veths {
 				out = append(out, v.Host)

@@ -402,14 +402,21 @@ func TestAssignBuckets(t *testing.T) {
 	if ops := assignOps(snap, map[string]*Assignment{"a": {}}); len(ops) != AssignBuckets || !ops[0].IsDelete() {
 		t.Errorf("emptied: %d ops", len(ops))
 	}
-	if b := batches(ops, func(int) int { return 100 }); len(b) != 1 {
+	if b := batches(ops); len(b) != 1 {
 		t.Errorf("64 ops cut into %d transactions", len(b))
 	}
 	many := make([]clientv3.Op, 300)
-	if b := batches(many, func(int) int { return 100 }); len(b) != 3 || len(b[0]) != maxTxnOps {
+	for i := range many {
+		many[i] = clientv3.OpPut("k", "v")
+	}
+	if b := batches(many); len(b) != 3 || len(b[0]) != maxTxnOps {
 		t.Errorf("300 ops: %d transactions", len(b))
 	}
-	if b := batches(many[:10], func(int) int { return maxTxnBytes / 3 }); len(b) != 4 {
+	big := strings.Repeat("x", maxTxnBytes/3-len("k")-16) // a third, framing included
+	for i := range 10 {
+		many[i] = clientv3.OpPut("k", big)
+	}
+	if b := batches(many[:10]); len(b) != 4 {
 		t.Errorf("10 ops of a third of the byte limit: %d transactions, want 4", len(b))
 	}
 }

@@ -252,8 +252,7 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 func (sc *scheduler) commit(ctx context.Context, guard []clientv3.Cmp, ops []clientv3.Op, now time.Time) (int64, bool, error) {
 	var rev int64
 	gen := clientv3.OpPut(KeyAssignGen, now.Format(time.RFC3339Nano))
-	size := func(i int) int { return len(ops[i].KeyBytes()) + len(ops[i].ValueBytes()) + 16 }
-	for i, b := range batches(ops, size) {
+	for i, b := range batches(ops) {
 		if i > 0 {
 			guard = []clientv3.Cmp{guard[0], clientv3.Compare(clientv3.ModRevision(KeyAssignGen), "=", rev)}
 		}

@@ -66,19 +66,20 @@ func (c *catalog) Lookup(name string) (*spec.Namespace, bool) {
 	return ns, true
 }
 
-// put takes a new value of name; it keeps the previous decoded value only
-// while the new one does not decode.
+// put takes a new value of name. A value is decoded here only if the
+// previous one was (the agent uses it), so that a full apply costs each
+// agent no decode of what other nodes serve; one that does not decode
+// leaves the previous value in force (Lookup finds the others' errors).
 func (c *catalog) put(name string, val []byte) {
 	c.raw[name] = val
-	prev := c.decoded[name]
-	delete(c.decoded, name)
 	delete(c.bad, name)
+	_, used := c.decoded[name]
+	if !used {
+		return
+	}
 	if ns, err := DecodeNamespace(name, val); err != nil {
-		c.bad[name] = err
-		if prev != nil {
-			c.decoded[name] = prev
-		}
-	} else if prev != nil {
+		c.bad[name] = err // prev stays
+	} else {
 		c.decoded[name] = ns
 	}
 }
@@ -121,6 +122,9 @@ func (c *catalog) subset(names []string) *spec.Fleet {
 func (c *catalog) errs(names []string) error {
 	var errs []error
 	for _, n := range names {
+		if _, done := c.decoded[n]; !done {
+			c.Lookup(n) // decodes it now, or notes why not
+		}
 		if err, bad := c.bad[n]; bad {
 			errs = append(errs, fmt.Errorf("stored namespace %s does not decode: %w; serving the previous value", n, err))
 			if len(errs) == 3 {
@@ -139,6 +143,7 @@ func (a *Agent) load(snap *Snapshot, nsKvs map[string][]byte) {
 	d.rev = snap.Rev
 	old := d.catalog
 	d.catalog = newCatalog()
+	var changed []string // while the watch was down
 	for name, val := range nsKvs {
 		if old != nil && string(old.raw[name]) == string(val) {
 			d.catalog.raw[name] = old.raw[name]
@@ -148,6 +153,7 @@ func (a *Agent) load(snap *Snapshot, nsKvs map[string][]byte) {
 			continue
 		}
 		d.catalog.put(name, val)
+		changed = append(changed, name)
 	}
 	prefix := AssignNodePrefix(a.cfg.Node)
 	parts := map[string]Assignment{}
@@ -167,6 +173,13 @@ func (a *Agent) load(snap *Snapshot, nsKvs map[string][]byte) {
 	}
 	d.parts, d.assignBad = parts, bad
 	a.mergeAssign()
+	var served []string
+	for _, n := range changed {
+		if isIn(d.assign.Names, n) {
+			served = append(served, n)
+		}
+	}
+	a.learnHosts(served)
 }
 
 // mergeAssign rebuilds the assignment from its buckets.
@@ -178,11 +191,17 @@ func (a *Agent) mergeAssign() {
 		as.Releasing = append(as.Releasing, d.parts[k].Releasing...)
 	}
 	slices.Sort(as.Names)
-	d.assign = as
+	// Only names new to the assignment are learned: a bucket's event must
+	// not cost a walk of every namespace the node serves.
+	var added []string
 	for _, n := range as.Names {
+		if !isIn(d.assign.Names, n) {
+			added = append(added, n)
+		}
 		a.held.served[n] = true
 	}
-	a.learnHosts(as.Names)
+	d.assign = as
+	a.learnHosts(added)
 }
 
 // assignErr says which buckets of the assignment do not decode.
@@ -311,13 +330,12 @@ func (a *Agent) takeEvent(ev *clientv3.Event) bool {
 	case strings.HasPrefix(k, AssignNodePrefix(a.cfg.Node)):
 		delete(d.assignBad, k)
 		var as Assignment
-		switch {
-		case del:
+		if del {
 			delete(d.parts, k)
-		case json.Unmarshal(ev.Kv.Value, &as) != nil:
-			d.assignBad[k] = json.Unmarshal(ev.Kv.Value, &as)
-			a.log.Error("assignment does not decode; keeping the previous one", "key", k, "err", d.assignBad[k])
-		default:
+		} else if err := json.Unmarshal(ev.Kv.Value, &as); err != nil {
+			d.assignBad[k] = err
+			a.log.Error("assignment does not decode; keeping the previous one", "key", k, "err", err)
+		} else {
 			d.parts[k] = as
 		}
 		a.mergeAssign()
