@@ -33,17 +33,10 @@ type engine struct {
 	log     *slog.Logger
 }
 
-func (e *engine) pins() ([]string, error) {
-	ps, err := e.rd.List()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, len(ps))
-	for i, p := range ps {
-		out[i] = p.Name
-	}
-	return out, nil
-}
+// pins reads the run dir's names only: their mount state is the engine's
+// to read, for the few it is handed (mountinfo holds every pin of the
+// machine).
+func (e *engine) pins() ([]string, error) { return e.rd.Names() }
 
 func (e *engine) teardown(ctx context.Context, names []string, each func(fleet.Result)) error {
 	opts := fleet.Options{RunDir: e.rd, Workers: e.workers, Log: e.log, OnResult: each}

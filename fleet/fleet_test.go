@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"net"
 	"os"
 	"os/exec"
@@ -207,6 +208,29 @@ func TestAddressesRoutesMTU(t *testing.T) {
 	})
 	if s := up(t, f, opts); s.Counts[fleet.Unchanged] != 3 {
 		t.Fatalf("second up: %+v %v", s.Counts, s.Errors)
+	}
+	// A host address removed is put back, whether Up asks about each
+	// namespace's links (a few namespaces) or dumps the host's addresses
+	// (many).
+	for _, few := range []int{64, 0} {
+		old := fleet.SetFewNamespacesForTest(few)
+		host, err := rtnl.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := host.LinkByName(p + "h1")
+		if err == nil {
+			err = host.DeleteAddr(l.Index, netip.MustParsePrefix("198.18.1.1/30"))
+		}
+		host.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := up(t, f, opts)
+		fleet.SetFewNamespacesForTest(old)
+		if s.Counts[fleet.Repaired] != 1 || s.Counts[fleet.Unchanged] != 2 {
+			t.Fatalf("up after a host address was removed (few=%d): %+v %v", few, s.Counts, s.Errors)
+		}
 	}
 	down(t, fleet.Selector{Prefix: p}, opts)
 }

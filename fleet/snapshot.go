@@ -101,7 +101,11 @@ func hostSnapshot(f *spec.Fleet, prev func(string) *spec.Namespace) (*snapshot, 
 			s.close()
 			return nil, err
 		}
-		s.addrs, err = c.Addrs()
+		if len(f.Namespaces) <= fewNamespaces {
+			s.addrs, err = c.AddrsOf(s.hostIndexes(f, prev))
+		} else {
+			s.addrs, err = c.Addrs()
+		}
 		c.Close()
 		if err != nil {
 			s.close()
@@ -109,6 +113,28 @@ func hostSnapshot(f *spec.Fleet, prev func(string) *spec.Namespace) (*snapshot, 
 		}
 	}
 	return s, nil
+}
+
+// hostIndexes returns the indexes of the host ends that f's namespaces
+// and what they were before name (those that exist).
+func (s *snapshot) hostIndexes(f *spec.Fleet, prev func(string) *spec.Namespace) []int {
+	var out []int
+	add := func(ns *spec.Namespace) {
+		for _, v := range ns.Veths {
+			if i, ok, _ := s.dev.Index(v.Host); ok {
+				out = append(out, i)
+			}
+		}
+	}
+	for i := range f.Namespaces {
+		add(&f.Namespaces[i])
+		if prev != nil {
+			if p := prev(f.Namespaces[i].Name); p != nil {
+				add(p)
+			}
+		}
+	}
+	return out
 }
 
 func hostAddrsNeeded(f *spec.Fleet, prev func(string) *spec.Namespace) bool {

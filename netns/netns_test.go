@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -232,6 +233,55 @@ func TestPinOpenUnpin(t *testing.T) {
 	}
 	if err := rd.Unpin("a"); err != nil {
 		t.Fatalf("unpin of a missing pin: %v", err)
+	}
+}
+
+// TestLookupAgreesWithList: what Lookup reads from one entry is what List
+// reads from mountinfo, for each kind of entry.
+func TestLookupAgreesWithList(t *testing.T) {
+	rd := nstest.RunDir(t)
+	if _, err := rd.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := netns.Create(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := rd.Pin("ns", h); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rd.Unpin("ns") })
+	os.WriteFile(rd.PinPath("stale"), nil, 0o600)
+	os.Symlink("/etc/passwd", rd.PinPath("link"))
+	// A file of the run dir's own filesystem bind-mounted on an entry:
+	// same device, another mount.
+	os.WriteFile(rd.PinPath("other"), nil, 0o600)
+	if err := syscall.Mount(rd.PinPath("stale"), rd.PinPath("other"), "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(rd.PinPath("other"), syscall.MNT_DETACH) })
+	list, err := rd.List()
+	if err != nil || len(list) != 4 {
+		t.Fatalf("List = %+v, %v", list, err)
+	}
+	for _, want := range list {
+		got, found, err := rd.Lookup(want.Name)
+		if err != nil || !found || got != want {
+			t.Errorf("Lookup(%s) = %+v, %v, %v; List says %+v", want.Name, got, found, err, want)
+		}
+	}
+	if _, found, err := rd.Lookup("missing"); found || err != nil {
+		t.Errorf("Lookup(missing) = %v, %v", found, err)
+	}
+	names, err := rd.Names()
+	slices.Sort(names)
+	if err != nil || !slices.Equal(names, []string{"link", "ns", "other", "stale"}) {
+		t.Errorf("Names = %v, %v", names, err)
+	}
+	// Setup again: the run dir is known to be a shared mount point.
+	if did, err := rd.Setup(); err != nil || !strings.Contains(did, "already") {
+		t.Errorf("second Setup: %q, %v", did, err)
 	}
 }
 

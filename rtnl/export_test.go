@@ -38,3 +38,6 @@ func WalkMessagesForTest(b []byte, seq uint32, n int) (done bool, errs []error, 
 
 // ParseEthtoolHeaderForTest exposes parseEthtoolHeader to the fuzz target.
 var ParseEthtoolHeaderForTest = parseEthtoolHeader
+
+// ParseAddrForTest exposes parseAddr to the fuzz target.
+var ParseAddrForTest = parseAddr

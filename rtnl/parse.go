@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/vishvananda/netlink/nl"
@@ -151,6 +152,41 @@ func (c *Conn) linksCall(index int, name string, nsid int, out *[]Link) call {
 		*out = append(*out, l)
 		return nil
 	}}
+}
+
+// parseAddr decodes the payload of an RTM_NEWADDR message: the link's
+// index and the address with its prefix length, as `ip addr` shows it (the
+// local address where there is one, else the address). ok is false for a
+// message without an address. It never panics on malformed input.
+func parseAddr(b []byte) (index int, p netip.Prefix, ok bool, err error) {
+	if len(b) < unix.SizeofIfAddrmsg {
+		return 0, netip.Prefix{}, false, fmt.Errorf("address message: %w", errShort)
+	}
+	bits := int(b[1])
+	index = int(nl.NativeEndian().Uint32(b[4:8]))
+	var local, addr netip.Addr
+	err = walkAttrs(b[unix.SizeofIfAddrmsg:], func(a attr) {
+		switch a.typ {
+		case unix.IFA_LOCAL:
+			local, _ = netip.AddrFromSlice(a.val)
+		case unix.IFA_ADDRESS:
+			addr, _ = netip.AddrFromSlice(a.val)
+		}
+	})
+	if err != nil {
+		return 0, netip.Prefix{}, false, fmt.Errorf("address message: %w", err)
+	}
+	if local.IsValid() {
+		addr = local
+	}
+	if !addr.IsValid() {
+		return index, netip.Prefix{}, false, nil
+	}
+	addr = addr.Unmap()
+	if bits > addr.BitLen() {
+		return 0, netip.Prefix{}, false, fmt.Errorf("address message: prefix length %d for %s", bits, addr)
+	}
+	return index, netip.PrefixFrom(addr, bits), true, nil
 }
 
 // parseNetconf decodes the payload of an RTM_NEWNETCONF message: every

@@ -50,8 +50,24 @@ func TestVethPeerInPlace(t *testing.T) {
 		if err := c.AddAddr(peer.Index, netip.MustParsePrefix("198.18.0.2/31")); err != nil {
 			return err
 		}
-		addrs, err = c.Addrs()
-		return err
+		if addrs, err = c.Addrs(); err != nil {
+			return err
+		}
+		// Asked link by link, the kernel says the same of those links,
+		// and nothing of a link that does not exist.
+		of, err := c.AddrsOf([]int{peer.Index, rtnl.LoopbackIndex, 99999})
+		if err != nil {
+			return err
+		}
+		for _, i := range []int{peer.Index, rtnl.LoopbackIndex} {
+			if !slices.Equal(of[i], addrs[i]) {
+				t.Errorf("AddrsOf link %d: %v, Addrs: %v", i, of[i], addrs[i])
+			}
+		}
+		if len(of[99999]) != 0 || len(of) != 3 {
+			t.Errorf("AddrsOf: %v", of)
+		}
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +108,19 @@ func TestVethPeerInPlace(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), p+"h/p1") {
 		t.Fatalf("duplicate: %v", err)
 	}
+}
+
+func FuzzParseAddr(f *testing.F) {
+	// A real RTM_NEWADDR payload: 198.18.0.2/31 on link 2.
+	f.Add([]byte{2, 31, 0x80, 0, 2, 0, 0, 0, 8, 0, 1, 0, 198, 18, 0, 2, 8, 0, 2, 0, 198, 18, 0, 2})
+	f.Add([]byte{10, 200, 0, 0, 1, 0, 0, 0, 8, 0, 1, 0, 1, 2, 3, 4})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, p, ok, err := rtnl.ParseAddrForTest(b)
+		if err == nil && ok && (!p.IsValid() || p.Bits() > p.Addr().BitLen()) {
+			t.Fatalf("accepted %v", p)
+		}
+	})
 }
 
 func TestLiteConn(t *testing.T) {
