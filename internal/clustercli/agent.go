@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"time"
@@ -111,7 +112,7 @@ nothing else.`,
 				return usageError{fmt.Errorf("agent: %w", err)}
 			}
 			if local.metricsAddr != "" {
-				srv, err := serveMetrics(local.metricsAddr, cfg.Metrics, a)
+				srv, err := serveMetrics(local.metricsAddr, cfg.Metrics, a, local.pprof)
 				if err != nil {
 					return fmt.Errorf("agent: metrics: %w", err)
 				}
@@ -131,7 +132,7 @@ nothing else.`,
 // agentLocal is what the agent command needs beyond cluster.AgentConfig.
 type agentLocal struct {
 	runDir, metricsAddr, dataDir string
-	watchdog                     bool
+	watchdog, pprof              bool
 }
 
 func agentFlags(cmd *cobra.Command, cfg *cluster.AgentConfig, local *agentLocal) {
@@ -141,6 +142,7 @@ func agentFlags(cmd *cobra.Command, cfg *cluster.AgentConfig, local *agentLocal)
 	f.DurationVar(&cfg.LeaseTTL, "lease-ttl", 5*time.Second, "node lease: a node silent this long is lost and its namespaces move")
 	f.IntVar(&cfg.Capacity, "capacity", 0, "most namespaces this node takes (0: no limit)")
 	f.StringVar(&local.metricsAddr, "metrics-addr", "127.0.0.1:9465", "address of /metrics and /healthz (empty: none)")
+	f.BoolVar(&local.pprof, "enable-pprof", false, "serve Go's profiles at /debug/pprof/ on --metrics-addr (as etcd's flag of that name)")
 	f.BoolVar(&cfg.AllowProcesses, "allow-processes", false, "serve specs that run processes (whoever can write the cluster's keys then runs commands as root here)")
 	f.DurationVar(&cfg.Resync, "resync", 5*time.Minute, "full check of every assigned namespace this often")
 	f.StringVar(&local.dataDir, "data-dir", "/var/lib/nsfleet", "data of the embedded etcd (used without --etcd)")
@@ -187,7 +189,7 @@ func dialAgentEtcd(ctx context.Context, g *globals, eps []string) (*clientv3.Cli
 
 type closer interface{ Close() error }
 
-func serveMetrics(addr string, m *cluster.Metrics, a *cluster.Agent) (closer, error) {
+func serveMetrics(addr string, m *cluster.Metrics, a *cluster.Agent, profiles bool) (closer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -201,6 +203,13 @@ func serveMetrics(addr string, m *cluster.Metrics, a *cluster.Agent) (closer, er
 		}
 		fmt.Fprintln(w, why)
 	})
+	if profiles {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	return srv, nil
