@@ -112,9 +112,14 @@ func TestSupervision(t *testing.T) {
 	if again.Restarts != 1 || time.Since(killed) < 300*time.Millisecond {
 		t.Fatalf("restart: %+v after %v", again, time.Since(killed))
 	}
-	logb, _ := os.ReadFile(again.Log)
-	if strings.Count(string(logb), "\nstarted in "+p+"d1\n") != 2 {
-		t.Fatalf("log %s:\n%s", again.Log, logb)
+	// The restarted daemon writes its line after it is seen running.
+	var logb []byte
+	waitFor(t, "the restarted daemon's line in its log", 5*time.Second, func() bool {
+		logb, _ = os.ReadFile(again.Log)
+		return strings.Count(string(logb), "\nstarted in "+p+"d1\n") >= 2
+	})
+	if n := strings.Count(string(logb), "\nstarted in "+p+"d1\n"); n != 2 {
+		t.Fatalf("log %s (%d starts):\n%s", again.Log, n, logb)
 	}
 	// on-failure: started by up (exit status unknown to the supervisor),
 	// so restarted once; then it exits 0 as the supervisor's child and
