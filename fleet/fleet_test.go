@@ -212,8 +212,10 @@ func TestAddressesRoutesMTU(t *testing.T) {
 	// A host address removed is put back, whether Up asks about each
 	// namespace's links (a few namespaces) or dumps the host's addresses
 	// (many).
+	old := fleet.SetFewNamespacesForTest(64)
+	t.Cleanup(func() { fleet.SetFewNamespacesForTest(old) })
 	for _, few := range []int{64, 0} {
-		old := fleet.SetFewNamespacesForTest(few)
+		fleet.SetFewNamespacesForTest(few)
 		host, err := rtnl.Open()
 		if err != nil {
 			t.Fatal(err)
@@ -227,7 +229,6 @@ func TestAddressesRoutesMTU(t *testing.T) {
 			t.Fatal(err)
 		}
 		s := up(t, f, opts)
-		fleet.SetFewNamespacesForTest(old)
 		if s.Counts[fleet.Repaired] != 1 || s.Counts[fleet.Unchanged] != 2 {
 			t.Fatalf("up after a host address was removed (few=%d): %+v %v", few, s.Counts, s.Errors)
 		}

@@ -115,8 +115,8 @@ func hostSnapshot(f *spec.Fleet, prev func(string) *spec.Namespace) (*snapshot, 
 	return s, nil
 }
 
-// hostIndexes returns the indexes of the host ends that f's namespaces
-// and what they were before name (those that exist).
+// hostIndexes returns the indexes of the host ends named by f's
+// namespaces and by what they were before (those that exist).
 func (s *snapshot) hostIndexes(f *spec.Fleet, prev func(string) *spec.Namespace) []int {
 	var out []int
 	add := func(ns *spec.Namespace) {

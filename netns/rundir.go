@@ -566,7 +566,7 @@ func (d *RunDir) Names() ([]string, error) {
 }
 
 // Lookup returns what List says of the entry called name, from the entry
-// itself (lstat and statfs) instead of mountinfo: found is false when there
+// itself (statx and statfs) instead of mountinfo: found is false when there
 // is no such entry. It cannot count stacked mounts: Mounts is 1 for any
 // mount. For a few names among many pins it costs two system calls each,
 // where List reads every mount of the machine.
