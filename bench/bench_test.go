@@ -206,3 +206,42 @@ func TestFakeRouterEveryEngine(t *testing.T) {
 		t.Fatalf("left behind: %v", left)
 	}
 }
+
+// TestDriftListener runs the scenario for real, small: every variant
+// makes its routers, the filtered listener is handed far fewer
+// notifications than the unfiltered one while still hearing some, and
+// the paused one none.
+func TestDriftListener(t *testing.T) {
+	nstest.RequireRoot(t)
+	s, _ := Lookup("drift-listener")
+	p := nstest.Prefix(t)
+	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
+	r, err := Execute(context.Background(), s, Options{N: 40, Mark: 20, Runs: 1, Prefix: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rates := map[string]int{}
+	heard := map[string]float64{}
+	for _, x := range r.Samples {
+		switch x.Metric {
+		case "rate":
+			rates[x.Config["variant"]]++
+		case "notifications/router":
+			heard[x.Config["variant"]] = x.Value
+		}
+	}
+	for _, v := range s.Variants {
+		if rates[v] != 2 {
+			t.Errorf("variant %s: %d rate samples, want 2", v, rates[v])
+		}
+	}
+	if heard["filtered"] == 0 || heard["filtered"] > 0.6*heard["unfiltered"] {
+		t.Errorf("notifications per router: filtered %.1f, unfiltered %.1f; want some, and under 60%%", heard["filtered"], heard["unfiltered"])
+	}
+	if p, ok := heard["paused"]; !ok || p != 0 {
+		t.Errorf("notifications per router, paused: %v (recorded: %v), want 0", p, ok)
+	}
+	if left := nstest.HostLinks(t, p); len(left) > 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}

@@ -133,6 +133,12 @@ func (f fakeRouter) native(ctx context.Context, o Options, cfg map[string]string
 	if err != nil {
 		return err
 	}
+	return upNative(ctx, o, fl, cfg, rep, run)
+}
+
+// upNative makes fl with nsfleet's engine in o's run dir, records the rate
+// and each step's time per mark and the time of down, and removes it.
+func upNative(ctx context.Context, o Options, fl *spec.Fleet, cfg map[string]string, rep int, run *Run) error {
 	rd, err := netns.OpenRunDir(o.RunDir, true)
 	if err != nil {
 		return err

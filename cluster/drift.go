@@ -67,6 +67,27 @@ func (d *driftWatch) close() {
 	d.nl.Close()
 }
 
+// bulkThreshold is how many namespaces made or removed at once make the
+// agent stop listening while it works (quiet). The kernel walks every
+// namespace id of the node for each notification of another namespace a
+// listener may hear (rtnl.Listener.Pause), about 50 per router made; the
+// full check afterwards costs about what 300 such creations save on a node
+// of any size (docs/PERFORMANCE.md).
+const bulkThreshold = 256
+
+// quiet stops hearing the kernel until the returned func is called, which
+// listens again and asks for everything to be checked: drift meanwhile
+// went unheard. Pins removed are still heard (inotify).
+func (d *driftWatch) quiet() (resume func()) {
+	if err := d.nl.Pause(); err != nil {
+		return func() {}
+	}
+	return func() {
+		d.nl.Resume()
+		d.markAll()
+	}
+}
+
 // learn maps a namespace's host veth names and namespace id.
 func (d *driftWatch) learn(ns string, hostVeths []string, nsid int32) {
 	d.mu.Lock()

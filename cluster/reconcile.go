@@ -137,6 +137,9 @@ func (a *Agent) teardown(ctx context.Context, names []string, fail *failures) bo
 	if len(names) == 0 {
 		return true
 	}
+	if len(names) >= bulkThreshold {
+		defer a.drift.quiet()()
+	}
 	start := time.Now()
 	ok, deleted := true, 0
 	err := a.kernel.teardown(ctx, names, func(r fleet.Result) {
@@ -166,6 +169,15 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 		return
 	}
 	cat := a.desired.catalog
+	news := 0
+	for _, n := range dec.Up {
+		if _, ok := a.held.applied[n]; !ok {
+			news++
+		}
+	}
+	if news >= bulkThreshold {
+		defer a.drift.quiet()()
+	}
 	start := time.Now()
 	sum, err := a.kernel.up(ctx, cat.subset(dec.Up), dec.Previous, func(r fleet.Result) {
 		switch {

@@ -19,27 +19,39 @@ type Listener struct {
 	buf, oob []byte
 }
 
-// Netconf notification groups (linux/rtnetlink.h); x/sys/unix has no
-// names for them.
-const (
-	rtnlgrpIPv4Netconf = 24
-	rtnlgrpIPv6Netconf = 25
-)
+// listenGroups are the notification groups a Listener joins.
+var listenGroups = []int{
+	unix.RTNLGRP_LINK,
+	unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
+	unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE,
+	unix.RTNLGRP_IPV4_NETCONF, unix.RTNLGRP_IPV6_NETCONF,
+}
 
-// Listen opens a Listener in the calling thread's namespace.
-func Listen() (*Listener, error) {
+// Listen opens a Listener in the calling thread's namespace. It hears
+// only what can be drift (driftFilter): a fleet being created costs its
+// listeners little.
+func Listen() (*Listener, error) { return listen(true) }
+
+// ListenUnfiltered opens a Listener that hears every notification of its
+// groups, as the agent's did before the drift filter: the lab's baseline.
+func ListenUnfiltered() (*Listener, error) { return listen(false) }
+
+func listen(filtered bool) (*Listener, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("netlink: %w", err)
 	}
 	l := &Listener{fd: fd, buf: make([]byte, 1<<16), oob: make([]byte, 64)}
-	groups := uint32(unix.RTMGRP_LINK | unix.RTMGRP_IPV4_IFADDR | unix.RTMGRP_IPV6_IFADDR | unix.RTMGRP_IPV4_ROUTE | unix.RTMGRP_IPV6_ROUTE)
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: groups}); err != nil {
+	// Before joining: no unfiltered notification is ever queued.
+	if filtered {
+		if err := attachFilter(fd, driftFilter()); err != nil {
+			l.Close()
+			return nil, err
+		}
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("netlink bind: %w", err)
-	}
-	for _, g := range []int{rtnlgrpIPv4Netconf, rtnlgrpIPv6Netconf} {
-		unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_ADD_MEMBERSHIP, g)
 	}
 	if err := unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_LISTEN_ALL_NSID, 1); err != nil {
 		l.Close()
@@ -48,7 +60,32 @@ func Listen() (*Listener, error) {
 	// A burst (a fleet created) must not overflow the queue; if it does,
 	// Read says so and the caller checks everything.
 	unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20)
+	if err := l.Resume(); err != nil {
+		l.Close()
+		return nil, err
+	}
 	return l, nil
+}
+
+// Pause leaves the notification groups: the kernel no longer looks at this
+// socket for any notification. While one listens to every namespace id,
+// each notification of another namespace costs a walk over all of the ids
+// (peernet2id, before any filter runs: docs/PERFORMANCE.md), so a fleet of
+// N made beside a listener costs O(N²); a caller that makes many
+// namespaces pauses, and afterwards checks everything itself, since what
+// happened meanwhile was not heard. Notifications queued before stay.
+func (l *Listener) Pause() error { return l.membership(unix.NETLINK_DROP_MEMBERSHIP) }
+
+// Resume joins the groups again (Listen has joined them).
+func (l *Listener) Resume() error { return l.membership(unix.NETLINK_ADD_MEMBERSHIP) }
+
+func (l *Listener) membership(op int) error {
+	for _, g := range listenGroups {
+		if err := unix.SetsockoptInt(l.fd, unix.SOL_NETLINK, op, g); err != nil {
+			return fmt.Errorf("netlink group %d: %w", g, err)
+		}
+	}
+	return nil
 }
 
 // Fd is the socket, to poll for readability.

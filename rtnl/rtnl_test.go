@@ -633,3 +633,76 @@ func TestSurvey(t *testing.T) {
 		}
 	}
 }
+
+// TestListenerFilter: in the kernel, the listener's filter keeps what can
+// be drift (a link change, a sysctl written, an address or a route taken
+// away) and drops what a namespace being made announces (IPv4 addresses
+// and their routes added); a paused listener hears nothing.
+func TestListenerFilter(t *testing.T) {
+	nstest.RequireRoot(t)
+	ns, err := netns.Create(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	err = rtnl.Inside(ns, rtnl.Open, func(c *rtnl.Conn) error {
+		l, err := rtnl.Listen()
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		heard := func() map[uint16]int {
+			got := map[uint16]int{}
+			l.Read(func(ev rtnl.Event) { got[ev.Type]++ })
+			return got
+		}
+		if err := c.SetUp(rtnl.LoopbackIndex, true); err != nil {
+			return err
+		}
+		if got := heard(); got[unix.RTM_NEWLINK] == 0 {
+			t.Errorf("lo set up: heard %v, want RTM_NEWLINK", got)
+		}
+		p := netip.MustParsePrefix("10.9.0.1/24")
+		if err := c.AddAddr(rtnl.LoopbackIndex, p); err != nil {
+			return err
+		}
+		if got := heard(); len(got) != 0 {
+			t.Errorf("an IPv4 address added (with its routes): heard %v, want nothing", got)
+		}
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
+			return err
+		}
+		if got := heard(); got[unix.RTM_NEWNETCONF] == 0 {
+			t.Errorf("ip_forward written: heard %v, want RTM_NEWNETCONF", got)
+		}
+		if err := c.DeleteAddr(rtnl.LoopbackIndex, p); err != nil {
+			return err
+		}
+		if got := heard(); got[unix.RTM_DELADDR] == 0 || got[unix.RTM_DELROUTE] == 0 {
+			t.Errorf("the address deleted: heard %v, want RTM_DELADDR and RTM_DELROUTE", got)
+		}
+		// Paused, it hears nothing; resumed, it hears again.
+		if err := l.Pause(); err != nil {
+			return err
+		}
+		if err := c.SetUp(rtnl.LoopbackIndex, false); err != nil {
+			return err
+		}
+		if got := heard(); len(got) != 0 {
+			t.Errorf("paused, lo set down: heard %v, want nothing", got)
+		}
+		if err := l.Resume(); err != nil {
+			return err
+		}
+		if err := c.SetUp(rtnl.LoopbackIndex, true); err != nil {
+			return err
+		}
+		if got := heard(); got[unix.RTM_NEWLINK] == 0 {
+			t.Errorf("resumed, lo set up: heard %v, want RTM_NEWLINK", got)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
