@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/nsfleet/nsfleet/rtnl"
 	"golang.org/x/sys/unix"
@@ -29,7 +30,8 @@ type driftWatch struct {
 	byHost  map[string]string // host veth name -> namespace
 	byNsid  map[int32]string  // namespace id in the host -> namespace
 	pending map[string]bool
-	unknown bool // an event from a namespace not mapped yet: check all
+	unknown bool        // an event from a namespace not mapped yet: check all
+	settle  *time.Timer // after a quiet spell: check all
 	notify  chan struct{}
 	fds     []int // inotify
 	nl      *rtnl.Listener
@@ -65,26 +67,48 @@ func (d *driftWatch) close() {
 	}
 	d.fds = nil
 	d.nl.Close()
+	d.mu.Lock()
+	if d.settle != nil {
+		d.settle.Stop()
+	}
+	d.mu.Unlock()
 }
 
 // bulkThreshold is how many namespaces made or removed at once make the
 // agent stop listening while it works (quiet). The kernel walks every
 // namespace id of the node for each notification of another namespace a
-// listener may hear (rtnl.Listener.Pause), about 50 per router made; the
-// full check afterwards costs about what 300 such creations save on a node
-// of any size (docs/PERFORMANCE.md).
-const bulkThreshold = 256
+// listener may hear (rtnl.Listener.Pause), about 50 per router made:
+// beside a listener, making N routers costs O(N²) (docs/PERFORMANCE.md).
+// A single change keeps listening.
+const bulkThreshold = 32
+
+// quietSettle is how long after the last quiet spell everything is
+// checked: a failover or a large apply arrives as many reconciles, and
+// the check (a second up of every namespace of the node) is paid once.
+const quietSettle = 2 * time.Second
 
 // quiet stops hearing the kernel until the returned func is called, which
-// listens again and asks for everything to be checked: drift meanwhile
-// went unheard. Pins removed are still heard (inotify).
+// listens again and, once no quiet spell has begun for quietSettle, asks
+// for everything to be checked: drift meanwhile went unheard. Pins
+// removed are still heard (inotify).
 func (d *driftWatch) quiet() (resume func()) {
+	d.mu.Lock()
+	if d.settle != nil {
+		d.settle.Stop()
+	}
+	d.mu.Unlock()
 	if err := d.nl.Pause(); err != nil {
+		d.markAll()
 		return func() {}
 	}
 	return func() {
-		d.nl.Resume()
-		d.markAll()
+		if err := d.nl.Resume(); err != nil {
+			d.markAll()
+			return
+		}
+		d.mu.Lock()
+		d.settle = time.AfterFunc(quietSettle, d.markAll)
+		d.mu.Unlock()
 	}
 }
 

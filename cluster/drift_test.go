@@ -79,6 +79,46 @@ func TestDriftWatchHearsInsideNamespaces(t *testing.T) {
 	}
 }
 
+// TestQuietChecksAllOnceSettled: after two quiet spells in a row,
+// everything is asked to be checked once, quietSettle after the last
+// (the listener's own pause is tested in rtnl).
+func TestQuietChecksAllOnceSettled(t *testing.T) {
+	nstest.RequireRoot(t)
+	rd := nstest.RunDir(t)
+	d, err := newDriftWatch(rd.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go d.run(ctx)
+	d.quiet()()
+	resume := d.quiet()
+	start := time.Now()
+	resume()
+	for {
+		select {
+		case <-d.notify:
+		case <-time.After(2 * quietSettle):
+			t.Fatal("no check asked after the quiet spells")
+		}
+		if _, all := d.take(); all {
+			break
+		}
+	}
+	if took := time.Since(start); took < quietSettle-100*time.Millisecond {
+		t.Errorf("check asked %s after the last spell, want about %s", took, quietSettle)
+	}
+	select {
+	case <-d.notify:
+		if _, all := d.take(); all {
+			t.Error("a second check asked: the first spell's was not cancelled")
+		}
+	case <-time.After(quietSettle + 500*time.Millisecond):
+	}
+}
+
 func waitMarked(d *driftWatch, name string) bool {
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
