@@ -75,6 +75,13 @@ func Pending(s *Snapshot, names []string) string {
 			return why
 		}
 	}
+	// A node with nothing assigned (a spec deleted, a node drained) is
+	// done only when its status says it serves nothing any more.
+	for _, node := range sortedKeys(s.Nodes) {
+		if _, assigned := s.Assign[node]; !assigned && s.Status[node].Assigned > 0 {
+			return fmt.Sprintf("%s still serves %d namespaces no longer assigned to it", node, s.Status[node].Assigned)
+		}
+	}
 	return ""
 }
 

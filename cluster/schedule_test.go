@@ -311,6 +311,15 @@ func TestPending(t *testing.T) {
 	if p := Pending(snap, nil); p != "" {
 		t.Errorf("all converged: %q", p)
 	}
+	// Everything deleted: ready only once no node says it still serves.
+	gone := &Snapshot{Nodes: snap.Nodes, Status: map[string]NodeStatus{"a": {AssignRev: 5, SpecRev: 10, Assigned: 1, Ready: 1}, "b": {}}}
+	if p := Pending(gone, nil); !strings.Contains(p, "a still serves 1 namespaces") {
+		t.Errorf("a spec deleted, a not torn down yet: %q", p)
+	}
+	gone.Status["a"] = NodeStatus{AssignRev: 5, SpecRev: 11}
+	if p := Pending(gone, nil); p != "" {
+		t.Errorf("a spec deleted and torn down: %q", p)
+	}
 	delete(snap.Nodes, "b")
 	if p := Pending(snap, []string{"r-2"}); !strings.Contains(p, "b is lost") {
 		t.Errorf("r-2 on a lost node: %q", p)
