@@ -23,7 +23,7 @@
 //	/nsfleet/v2/assign/NODE/BB       Assignment: what NODE serves of the
 //	                                 names in bucket BB (AssignBuckets of them)
 //	/nsfleet/v2/assign-gen           bumped by every assignment transaction
-//	/nsfleet/v2/failovers/REV        Failover, one per node lost (REV: zero-padded)
+//	/nsfleet/v2/failovers/REV/NODE   Failover, one per node lost (REV: the plan's, zero-padded)
 //	/nsfleet/v2/force-failover/NODE  an operator's order to move a lost node's
 //	                                 namespaces although most nodes are lost
 //	/nsfleet/v2/failover-held/NODE   the scheduler holds NODE's failover (lost
@@ -218,8 +218,13 @@ func splitKey(key, prefix string) (a, b string, ok bool) {
 func ForceKey(node string) string { return ForcePrefix + node }
 func HeldKey(node string) string  { return HeldPrefix + node }
 
-// FailoverKey orders failover records by revision.
-func FailoverKey(rev int64) string { return fmt.Sprintf("%s%020d", FailoverPrefix, rev) }
+// FailoverKey orders failover records by the revision of the plan that
+// moved the node's namespaces; the node's name keeps apart two nodes lost
+// in one plan. (Records written before had no node part; they are read
+// as well.)
+func FailoverKey(rev int64, node string) string {
+	return fmt.Sprintf("%s%020d/%s", FailoverPrefix, rev, node)
+}
 
 // NodeOf returns the node name in a key under prefix.
 func NodeOf(key, prefix string) string { return strings.TrimPrefix(key, prefix) }

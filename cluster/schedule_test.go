@@ -429,3 +429,21 @@ func TestAssignBuckets(t *testing.T) {
 		t.Errorf("10 ops of a third of the byte limit: %d transactions, want 4", len(b))
 	}
 }
+
+// TestFailoverRecordsPerNode: two nodes lost in one plan keep a record
+// each, and a record of the layout before (no node part) is still read.
+func TestFailoverRecordsPerNode(t *testing.T) {
+	s := &Snapshot{Bad: map[string]error{}}
+	keys := []string{FailoverPrefix + "00000000000000000007", FailoverKey(9, "a"), FailoverKey(9, "b")}
+	for i, k := range keys {
+		if err := s.take(k, []byte(encode(Failover{Node: string(rune('x' + i))})), 9); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(s.Failovers) != 3 || len(s.Bad) != 0 || !slices.Equal(s.FailoverKeys, keys) {
+		t.Fatalf("records %v under keys %v (bad %v), want 3 under %v", s.Failovers, s.FailoverKeys, s.Bad, keys)
+	}
+	if FailoverKey(9, "a") == FailoverKey(9, "b") {
+		t.Fatal("two nodes lost in one plan share a key")
+	}
+}

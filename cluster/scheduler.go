@@ -221,7 +221,7 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 		for _, node := range lost {
 			fo := Failover{Node: node, Detected: now, Moved: p.Orphaned[node], To: p.Placed, AssignRev: rev, Unassigned: p.Unassigned}
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sc.timeout)
-			_, err := sc.cli.Put(pctx, FailoverKey(rev), encode(fo))
+			_, err := sc.cli.Put(pctx, FailoverKey(rev, node), encode(fo))
 			cancel()
 			if err != nil {
 				return err
@@ -329,7 +329,7 @@ func (sc *scheduler) closeFailovers(ctx context.Context, snap *Snapshot) error {
 		}
 		fo.Ready = time.Now().UTC()
 		fo.Seconds = fo.Ready.Sub(fo.Detected).Seconds()
-		if _, err := sc.cli.Put(ctx, FailoverKey(snap.FailoverRevs[i]), encode(fo)); err != nil {
+		if _, err := sc.cli.Put(ctx, snap.FailoverKeys[i], encode(fo)); err != nil {
 			return err
 		}
 		sc.metrics.failoverDone(fo.Seconds)
@@ -337,8 +337,8 @@ func (sc *scheduler) closeFailovers(ctx context.Context, snap *Snapshot) error {
 	}
 	if extra := len(snap.Failovers) - MaxFailovers; extra > 0 {
 		// Records are keyed by revision, so the first are the oldest.
-		for _, rev := range snap.FailoverRevs[:extra] {
-			if _, err := sc.cli.Delete(ctx, FailoverKey(rev)); err != nil {
+		for _, k := range snap.FailoverKeys[:extra] {
+			if _, err := sc.cli.Delete(ctx, k); err != nil {
 				return err
 			}
 		}

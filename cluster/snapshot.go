@@ -40,7 +40,7 @@ type Snapshot struct {
 	AssignRev    map[string]int64
 	AssignGenRev int64
 	Failovers    []Failover
-	FailoverRevs []int64 // the key revision of each failover record
+	FailoverKeys []string // each failover record's key
 	// Bad holds the keys whose value does not decode, and why; they are
 	// left out of the maps above. Readers decide: an agent keeps what it
 	// had, the scheduler writes nothing while an assignment is unreadable.
@@ -180,10 +180,11 @@ func (s *Snapshot) take(k string, val []byte, modRev int64) error {
 		s.Held[NodeOf(k, HeldPrefix)] = true
 	case strings.HasPrefix(k, FailoverPrefix):
 		var v Failover
-		rev, perr := strconv.ParseInt(NodeOf(k, FailoverPrefix), 10, 64)
+		rev, _, _ := strings.Cut(NodeOf(k, FailoverPrefix), "/")
+		_, perr := strconv.ParseInt(rev, 10, 64)
 		if err = errors.Join(json.Unmarshal(val, &v), perr); err == nil {
 			s.Failovers = append(s.Failovers, v)
-			s.FailoverRevs = append(s.FailoverRevs, rev)
+			s.FailoverKeys = append(s.FailoverKeys, k)
 		}
 	}
 	if err != nil {
