@@ -305,7 +305,19 @@ func TestNetconfMatchesProcfs(t *testing.T) {
 	defer home.Close()
 	h, err := netns.Create(func(*netns.NS) error {
 		// /proc/sys follows the calling thread's namespace.
-		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
+		// Written to what it is not: a namespace may start with 1
+		// (net.core.devconf_inherit_init_net), and an unchanged value
+		// sends nothing.
+		const fwd = "/proc/sys/net/ipv4/ip_forward"
+		cur, err := os.ReadFile(fwd)
+		if err != nil {
+			return err
+		}
+		flip := "1"
+		if strings.TrimSpace(string(cur)) == "1" {
+			flip = "0"
+		}
+		if err := os.WriteFile(fwd, []byte(flip), 0); err != nil {
 			return err
 		}
 		if err := os.WriteFile("/proc/sys/net/ipv4/conf/default/rp_filter", []byte("2"), 0); err != nil {
@@ -669,7 +681,19 @@ func TestListenerFilter(t *testing.T) {
 		if got := heard(); len(got) != 0 {
 			t.Errorf("an IPv4 address added (with its routes): heard %v, want nothing", got)
 		}
-		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
+		// Written to what it is not: a namespace may start with 1
+		// (net.core.devconf_inherit_init_net), and an unchanged value
+		// sends nothing.
+		const fwd = "/proc/sys/net/ipv4/ip_forward"
+		cur, err := os.ReadFile(fwd)
+		if err != nil {
+			return err
+		}
+		flip := "1"
+		if strings.TrimSpace(string(cur)) == "1" {
+			flip = "0"
+		}
+		if err := os.WriteFile(fwd, []byte(flip), 0); err != nil {
 			return err
 		}
 		if got := heard(); got[unix.RTM_NEWNETCONF] == 0 {
