@@ -21,14 +21,7 @@ func TestDriftWatchHearsInsideNamespaces(t *testing.T) {
 	nstest.RequireRoot(t)
 	rd := nstest.RunDir(t)
 	prefix := nstest.Prefix(t)
-	d, err := newDriftWatch(rd.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go d.run(ctx)
+	d := runningDriftWatch(t, rd.Path)
 
 	host := prefix + "h"
 	ns, err := netns.Create(nil)
@@ -85,14 +78,7 @@ func TestDriftWatchHearsInsideNamespaces(t *testing.T) {
 func TestQuietChecksAllOnceSettled(t *testing.T) {
 	nstest.RequireRoot(t)
 	rd := nstest.RunDir(t)
-	d, err := newDriftWatch(rd.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go d.run(ctx)
+	d := runningDriftWatch(t, rd.Path)
 	d.quiet()()
 	resume := d.quiet()
 	start := time.Now()
@@ -117,6 +103,18 @@ func TestQuietChecksAllOnceSettled(t *testing.T) {
 		}
 	case <-time.After(quietSettle + 500*time.Millisecond):
 	}
+}
+
+// runningDriftWatch starts a watch of runDir, closed with the test.
+func runningDriftWatch(t *testing.T, runDir string) *driftWatch {
+	d, err := newDriftWatch(runDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); d.close() })
+	go d.run(ctx)
+	return d
 }
 
 func waitMarked(d *driftWatch, name string) bool {

@@ -305,19 +305,7 @@ func TestNetconfMatchesProcfs(t *testing.T) {
 	defer home.Close()
 	h, err := netns.Create(func(*netns.NS) error {
 		// /proc/sys follows the calling thread's namespace.
-		// Written to what it is not: a namespace may start with 1
-		// (net.core.devconf_inherit_init_net), and an unchanged value
-		// sends nothing.
-		const fwd = "/proc/sys/net/ipv4/ip_forward"
-		cur, err := os.ReadFile(fwd)
-		if err != nil {
-			return err
-		}
-		flip := "1"
-		if strings.TrimSpace(string(cur)) == "1" {
-			flip = "0"
-		}
-		if err := os.WriteFile(fwd, []byte(flip), 0); err != nil {
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
 			return err
 		}
 		if err := os.WriteFile("/proc/sys/net/ipv4/conf/default/rp_filter", []byte("2"), 0); err != nil {
@@ -681,19 +669,7 @@ func TestListenerFilter(t *testing.T) {
 		if got := heard(); len(got) != 0 {
 			t.Errorf("an IPv4 address added (with its routes): heard %v, want nothing", got)
 		}
-		// Written to what it is not: a namespace may start with 1
-		// (net.core.devconf_inherit_init_net), and an unchanged value
-		// sends nothing.
-		const fwd = "/proc/sys/net/ipv4/ip_forward"
-		cur, err := os.ReadFile(fwd)
-		if err != nil {
-			return err
-		}
-		flip := "1"
-		if strings.TrimSpace(string(cur)) == "1" {
-			flip = "0"
-		}
-		if err := os.WriteFile(fwd, []byte(flip), 0); err != nil {
+		if err := flipForwarding(); err != nil {
 			return err
 		}
 		if got := heard(); got[unix.RTM_NEWNETCONF] == 0 {
@@ -729,4 +705,21 @@ func TestListenerFilter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// flipForwarding writes the calling thread's namespace's ip_forward to
+// what it is not: a namespace may start with 1
+// (net.core.devconf_inherit_init_net), and an unchanged value sends no
+// notification.
+func flipForwarding() error {
+	const fwd = "/proc/sys/net/ipv4/ip_forward"
+	cur, err := os.ReadFile(fwd)
+	if err != nil {
+		return err
+	}
+	flip := "1"
+	if strings.TrimSpace(string(cur)) == "1" {
+		flip = "0"
+	}
+	return os.WriteFile(fwd, []byte(flip), 0)
 }
