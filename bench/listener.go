@@ -16,9 +16,10 @@ import (
 // driftListener measures what a node's agent costs the fleet being made on
 // it. The agent hears drift on one netlink socket that listens to every
 // namespace with an id on the node (NETLINK_LISTEN_ALL_NSID); the kernel
-// copies each notification to every such socket in the creating thread's
-// context, and a fake router announces about 55 (docs/PERFORMANCE.md).
-// The scenario makes thread 000's fake routers with nsfleet's engine
+// looks up, for each such socket, the namespace id of every notification
+// of another namespace, in the creating thread's context, and a Neutron
+// router announces about 47 (docs/PERFORMANCE.md). The scenario makes
+// Neutron-shaped routers with nsfleet's engine
 // beside a listener that reads everything, the agent's filtered one, and
 // none, and the filtered one paused while the routers are made and
 // removed, interleaved in each repetition.

@@ -24,6 +24,8 @@ import (
 //     events name the namespace through the host veth's name; the others
 //     through their namespace id, learned from host veths' link-netnsid.
 //
+// The listener keeps only what can be drift (rtnl's socket filter), and
+// is paused while the agent makes or removes many namespaces (quiet).
 // Other sysctls send no event; the periodic full resync repairs them.
 type driftWatch struct {
 	mu      sync.Mutex

@@ -28,8 +28,8 @@ var listenGroups = []int{
 }
 
 // Listen opens a Listener in the calling thread's namespace. It hears
-// only what can be drift (driftFilter): a fleet being created costs its
-// listeners little.
+// only what can be drift (driftFilter); a caller about to make many
+// namespaces pauses it (Pause), which the filter cannot replace.
 func Listen() (*Listener, error) { return listen(true) }
 
 // ListenUnfiltered opens a Listener that hears every notification of its
