@@ -21,6 +21,14 @@ type NodeView struct {
 	// Returned: the node came back with a new lease within the last
 	// lease TTL: for the mass-loss rule it was lost in that window.
 	Returned bool
+	// Suspect: the node's lease is held but has missed a renewal (less
+	// than half its TTL left, where a renewing agent keeps two thirds):
+	// it may be dying with the dead ones. Nodes killed together expire up
+	// to a renewal interval plus etcd's revoke tick apart, so the first to
+	// expire would otherwise look like a lone loss. For the mass-loss rule
+	// it counts as lost, as Returned does; it stops counting once it
+	// renews, and the next round fails the lone loss over.
+	Suspect bool
 	// Frozen: the node's agent runs an older key layout (an upgrade in
 	// progress): it keeps what it holds and is given and asked nothing.
 	Frozen bool
@@ -265,14 +273,15 @@ func balance(s State, next map[string]*Assignment, elig []string) int {
 // assignment or a lease are lost: dead now (an assignment, no lease), or
 // (within) back with a new lease within the last TTL, since leases
 // revoked together (by an etcd leader that resumed after a pause) come
-// back one node at a time. Only a loss of dead nodes alone (firm) is
-// remembered past that moment (State.Held).
+// back one node at a time, or Suspect, since leases of nodes killed
+// together expire one at a time. Only a loss of dead nodes alone (firm)
+// is remembered past that moment (State.Held).
 func massLoss(s State) (firm, within bool) {
 	dead, returned, total := 0, 0, 0
 	for _, v := range s.Nodes {
 		if v.Alive {
 			total++
-			if v.Returned {
+			if v.Returned || v.Suspect {
 				returned++
 			}
 		}

@@ -292,6 +292,50 @@ func TestScheduleMassLossWithinTTL(t *testing.T) {
 	}
 }
 
+// Two of three nodes killed together expire one at a time: when the
+// first is gone the second still holds a lease that missed its renewal
+// (Suspect). Nothing moves then, nor once the second expires; if the
+// suspect renews after all, the lone loss fails over.
+func TestScheduleMassLossSuspect(t *testing.T) {
+	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s.Assign = applyPlan(s, Schedule(s))
+	delete(s.Nodes, "c")
+	s.Nodes["b"] = NodeView{Alive: true, Converged: true, Suspect: true}
+	if p := Schedule(s); p.Changed() || len(p.Held) != 1 || len(p.Remember) != 0 {
+		t.Fatalf("c lost, b suspect: plan %+v, want c held, not remembered", p)
+	}
+	// b expires too: a firm mass loss, remembered.
+	lost := s
+	lost.Nodes = alive("a")
+	if p := Schedule(lost); p.Changed() || len(p.Held) != 2 || len(p.Remember) != 2 {
+		t.Fatalf("b and c lost: plan %+v, want both held and remembered", p)
+	}
+	// b renews instead: c alone is lost, and fails over.
+	s.Nodes["b"] = NodeView{Alive: true, Converged: true}
+	if p := Schedule(s); p.Orphaned["c"] != 3 {
+		t.Fatalf("c lost alone: plan %+v", p)
+	}
+}
+
+// A lease is suspect when less than half its TTL is left, as etcd tells
+// it (whole seconds, rounded down).
+func TestLeaseSuspect(t *testing.T) {
+	for _, c := range []struct {
+		left, granted int64
+		want          bool
+	}{
+		{3, 5, false}, {2, 5, false}, {1, 5, true}, {0, 5, true},
+		{2, 4, false}, {1, 4, true},
+		{1, 2, false}, {0, 2, true},
+		{-1, 5, false}, // lease gone: dead, not suspect
+		{60, 60, false}, {28, 60, true},
+	} {
+		if got := leaseSuspect(c.left, c.granted); got != c.want {
+			t.Errorf("leaseSuspect(%d left of %d) = %v, want %v", c.left, c.granted, got, c.want)
+		}
+	}
+}
+
 func TestPending(t *testing.T) {
 	snap := &Snapshot{
 		Names:     []string{"r-1", "r-2"},

@@ -20,7 +20,11 @@ type scheduler struct {
 	metrics *Metrics
 	timeout time.Duration // of each etcd request
 
-	held     []string      // nodes whose failover is held, as last logged
+	held []string // nodes whose failover is held, as last logged
+	// soon: the last plan held a failover only for the moment (nodes
+	// back within the TTL, or suspect): look again before the quiet
+	// period's 2 s, since a renewal changes no key and kicks nothing.
+	soon     bool
 	settle   time.Duration // a returning node settles this long; 0: DefaultSettle
 	maxMoves int           // balance moves per plan; 0: DefaultMaxMoves
 }
@@ -91,12 +95,16 @@ func (sc *scheduler) lead(ctx context.Context, lease clientv3.LeaseID) error {
 			sc.metrics.etcdError()
 			sc.log.Warn("scheduler: round", "err", err)
 		}
+		quiet := 2 * time.Second // failover records, even if quiet
+		if sc.soon {
+			quiet = 250 * time.Millisecond
+		}
 		select {
 		case <-kick:
 			// Let a burst of changes (a node's keys expiring together,
 			// a batch of status updates) arrive before reading again.
 			time.Sleep(20 * time.Millisecond)
-		case <-time.After(2 * time.Second): // failover records, even if quiet
+		case <-time.After(quiet):
 		case <-sess.Done():
 			return nil
 		case <-ctx.Done():
@@ -171,17 +179,76 @@ func markSettling(st *State, snap *Snapshot, now time.Time, settle time.Duration
 	}
 }
 
+// markSuspects asks etcd how long each live node's lease has left, but
+// only while some node is dead (holds an assignment and no lease): that is
+// when a node that missed its renewal may be the next to go (see
+// NodeView.Suspect). A node whose lease cannot be asked about is not
+// suspect: the question is a refinement, its failure must not hold a
+// failover.
+func (sc *scheduler) markSuspects(ctx context.Context, st *State, snap *Snapshot) {
+	dead := false
+	for node, a := range snap.Assign {
+		if _, alive := snap.Nodes[node]; !alive && len(a.Names)+len(a.Releasing) > 0 {
+			dead = true
+		}
+	}
+	if !dead {
+		return
+	}
+	type answer struct {
+		node    string
+		suspect bool
+	}
+	answers := make(chan answer, len(snap.Nodes))
+	for node, info := range snap.Nodes {
+		go func() {
+			suspect := false
+			if info.LeaseID != 0 {
+				lctx, cancel := context.WithTimeout(ctx, sc.timeout)
+				resp, err := sc.cli.TimeToLive(lctx, clientv3.LeaseID(info.LeaseID))
+				cancel()
+				suspect = err == nil && leaseSuspect(resp.TTL, resp.GrantedTTL)
+			}
+			answers <- answer{node, suspect}
+		}()
+	}
+	var suspects []string
+	for range snap.Nodes {
+		ans := <-answers
+		if v, ok := st.Nodes[ans.node]; ok && ans.suspect {
+			v.Suspect = true
+			st.Nodes[ans.node] = v
+			suspects = append(suspects, ans.node)
+		}
+	}
+	if len(suspects) > 0 {
+		slices.Sort(suspects)
+		sc.log.Info("a node is dead and others missed a lease renewal: they count as lost until they renew", "suspect", suspects)
+	}
+}
+
+// leaseSuspect reports whether a lease with left seconds of granted (as
+// etcd's TimeToLive says them: whole seconds, rounded down; -1 when the
+// lease is gone) has missed a renewal: the true time left, below left+1,
+// is under half the TTL, where an agent renewing every TTL/3 keeps two
+// thirds of it.
+func leaseSuspect(left, granted int64) bool {
+	return left >= 0 && 2*(left+1) <= granted
+}
+
 func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string, leaderRev int64) error {
 	now := time.Now().UTC()
 	st := StateOf(snap, snap.Names, snap.HasProcesses())
 	st.MaxMoves = cmp.Or(sc.maxMoves, DefaultMaxMoves)
 	markSettling(&st, snap, now, cmp.Or(sc.settle, DefaultSettle))
+	sc.markSuspects(ctx, &st, snap)
 	p := Schedule(st)
 	sc.metrics.held(len(p.Held))
 	if len(p.Held) > 0 && !slices.Equal(p.Held, sc.held) {
 		sc.log.Warn("more than half of the nodes lost at once: their namespaces stay put (likelier the network or etcd); 'nsfleet cluster failover NODE' moves a node's", "held", p.Held)
 	}
 	sc.held = p.Held
+	sc.soon = len(p.Held) > len(p.Remember)
 	guard := []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(leaderKey), "=", leaderRev),
 		clientv3.Compare(clientv3.ModRevision(KeyAssignGen), "=", snap.AssignGenRev),

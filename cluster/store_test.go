@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"path/filepath"
 	"reflect"
@@ -315,5 +316,42 @@ func TestCommitChained(t *testing.T) {
 	// A stale guard (assign-gen moved since): nothing written.
 	if _, ok, err := sc.commit(ctx, guard, ops[:1], time.Now()); err != nil || ok {
 		t.Errorf("stale guard: ok %v, %v", ok, err)
+	}
+}
+
+// With a node dead, a live node whose lease missed its renewals is
+// suspect, one that renews is not; with nobody dead nobody is asked.
+func TestMarkSuspects(t *testing.T) {
+	cli := testEtcd(t)
+	ctx := context.Background()
+	grant := func() clientv3.LeaseID {
+		l, err := cli.Grant(ctx, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.ID
+	}
+	renewing, silent := grant(), grant()
+	snap := &Snapshot{
+		Nodes:  map[string]NodeInfo{"a": {LeaseID: int64(renewing)}, "b": {LeaseID: int64(silent)}},
+		Assign: map[string]Assignment{"a": {Names: []string{"r-1"}}, "b": {Names: []string{"r-2"}}},
+	}
+	sc := &scheduler{cli: cli, timeout: 5 * time.Second, log: slog.New(slog.DiscardHandler)}
+	marked := func() (a, b bool) {
+		st := StateOf(snap, []string{"r-1", "r-2", "r-3"}, false)
+		sc.markSuspects(ctx, &st, snap)
+		return st.Nodes["a"].Suspect, st.Nodes["b"].Suspect
+	}
+	// 2.5 s of a 4 s lease: b has 1.5 s left, a just renewed.
+	time.Sleep(2500 * time.Millisecond)
+	if _, err := cli.KeepAliveOnce(ctx, renewing); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := marked(); a || b {
+		t.Errorf("nobody dead: suspects a=%v b=%v, want none asked about", a, b)
+	}
+	snap.Assign["c"] = Assignment{Names: []string{"r-3"}} // c: an assignment, no lease
+	if a, b := marked(); a || !b {
+		t.Errorf("c dead: suspects a=%v b=%v, want b only", a, b)
 	}
 }
