@@ -149,23 +149,43 @@ func FuzzInotifyEvents(f *testing.F) {
 	})
 }
 
+// Names of a spec that runs processes go only to nodes that allow them;
+// the names of other specs still go to every node, and balance moves no
+// process-running name onto a node that refuses them.
 func TestStateOfProcessesNeedPermission(t *testing.T) {
 	snap := &Snapshot{
+		Specs:     map[string]SpecMeta{"dhcp": {Processes: true}, "routers": {}},
+		SpecOf:    map[string]string{"d-1": "dhcp", "d-2": "dhcp", "d-3": "dhcp", "d-4": "dhcp", "r-1": "routers", "r-2": "routers"},
 		Nodes:     map[string]NodeInfo{"a": {AllowProcesses: true}, "b": {}},
 		Status:    map[string]NodeStatus{},
 		Cordons:   map[string]Cordon{},
 		Assign:    map[string]Assignment{},
 		AssignRev: map[string]int64{},
 	}
-	st := StateOf(snap, []string{"x", "y"}, true)
-	if st.Nodes["a"].Cordoned || !st.Nodes["b"].Cordoned {
-		t.Fatalf("with processes: a (allows) cordoned=%v, b (refuses) cordoned=%v", st.Nodes["a"].Cordoned, st.Nodes["b"].Cordoned)
+	names := []string{"d-1", "d-2", "d-3", "d-4", "r-1", "r-2"}
+	st := StateOf(snap, names)
+	if st.Nodes["a"].Cordoned || st.Nodes["b"].Cordoned {
+		t.Fatal("a spec with processes cordons a node")
 	}
 	p := Schedule(st)
-	if p.Placed["b"] != 0 || p.Placed["a"] != 2 {
-		t.Fatalf("placed %v: a spec with processes went to a node that refuses them", p.Placed)
+	got := applyPlan(st, p)
+	if len(got["b"].Names) != 2 || got["b"].Names[0] != "r-1" || got["b"].Names[1] != "r-2" {
+		t.Fatalf("b (refuses processes) holds %v, want the two routers", got["b"].Names)
 	}
-	if st := StateOf(snap, []string{"x"}, false); st.Nodes["b"].Cordoned {
-		t.Fatal("without processes every node takes namespaces")
+	// 4 to 2 is balanced as far as it can be: no d- name moves to b.
+	st.Assign = got
+	if p := Schedule(st); p.Changed() {
+		t.Fatalf("balance moved a name that runs processes: %+v", p.Assign)
+	}
+	// A process-running name found on b (placed before b's agent
+	// changed its mind) is released, then placed on a.
+	st.Assign = map[string]Assignment{"a": {Names: []string{"d-1", "d-2", "d-3"}}, "b": {Names: []string{"d-4", "r-1", "r-2"}}}
+	p = Schedule(st)
+	if b := p.Assign["b"]; b == nil || len(b.Releasing) != 1 || b.Releasing[0] != "d-4" {
+		t.Fatalf("b holding d-4: plan %+v, want d-4 released", p.Assign)
+	}
+	st.Assign = applyPlan(st, p)
+	if p := Schedule(st); p.Placed["a"] != 1 {
+		t.Fatalf("d-4 released by b: placed %v, want on a", p.Placed)
 	}
 }

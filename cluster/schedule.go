@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"slices"
 	"sort"
 )
 
@@ -9,6 +10,9 @@ type NodeView struct {
 	Alive    bool // its lease is held (nodes/NODE exists)
 	Cordoned bool
 	Capacity int // 0: no limit
+	// AllowProcesses: the agent serves namespaces that run processes
+	// (State.NeedsProcesses); others never hold them.
+	AllowProcesses bool
 	// Converged: the node has done what its current assignment asks, so
 	// the names it was releasing are gone from it.
 	Converged bool
@@ -46,6 +50,9 @@ type State struct {
 	// (until they return or are forced) even when the loss no longer looks
 	// massive: forcing one node's failover must not release the others.
 	Held map[string]bool
+	// NeedsProcesses: the names whose spec runs processes; only nodes
+	// that allow them hold these, other names go anywhere.
+	NeedsProcesses map[string]bool
 	// MaxMoves bounds the names balance releases in one plan (0: no
 	// bound). Failover and drain are not bounded.
 	MaxMoves int
@@ -85,10 +92,12 @@ func (p *Plan) Changed() bool { return len(p.Assign) > 0 }
 //     turn it into an outage when they come back; their names stay put
 //     (Plan.Held) until they return or an operator forces the move;
 //   - a Frozen node keeps its names as they are and gets none;
-//   - a cordoned node releases all its names; names released by a node are
+//   - a cordoned node releases all its names, a node that does not allow
+//     processes those that need them; names released by a node are
 //     placed only once that node has converged (two-step move);
 //   - unplaced names go to the least-loaded eligible node with room
-//     (eligible: alive, not cordoned), ties by name;
+//     (eligible: alive, not cordoned, allowing processes if the name
+//     needs them), ties by name;
 //   - when nothing is in flight, a node above the balanced share releases
 //     only its excess, and only while another node has room below it, so
 //     adding a node moves what balance needs and no more; at most
@@ -163,7 +172,7 @@ func Schedule(s State) Plan {
 				continue // gone from the spec, or already someone else's
 			}
 			placed[name] = true
-			if v.Cordoned {
+			if v.Cordoned || !s.allowed(node, name) {
 				na.Releasing = append(na.Releasing, name)
 				p.Released++
 			} else {
@@ -198,7 +207,7 @@ func Schedule(s State) Plan {
 	for _, name := range pool {
 		best := ""
 		for _, node := range elig {
-			if room(node) && (best == "" || load(node) < load(best)) {
+			if room(node) && s.allowed(node, name) && (best == "" || load(node) < load(best)) {
 				best = node
 			}
 		}
@@ -217,6 +226,12 @@ func Schedule(s State) Plan {
 
 	p.writes(s, next)
 	return p
+}
+
+// allowed reports whether node may hold name: any name, unless the name
+// runs processes and the node does not allow them.
+func (s State) allowed(node, name string) bool {
+	return !s.NeedsProcesses[name] || s.Nodes[node].AllowProcesses
 }
 
 // writes records in p the assignments of next that differ from s's (an
@@ -238,8 +253,10 @@ func (p *Plan) writes(s State, next map[string]*Assignment) {
 
 // balance moves one name at a time from the fullest eligible node to the
 // emptiest with room (not settling), while they differ by more than one,
-// at most s.MaxMoves; each move narrows the gap, so the moves are few. It
-// returns how many names it put in Releasing.
+// at most s.MaxMoves; each move narrows the gap, so the moves are few. The
+// name moved is the fullest node's last that the emptiest may hold; when
+// it may hold none, balance stops there. It returns how many names it put
+// in Releasing.
 func balance(s State, next map[string]*Assignment, elig []string) int {
 	count, moves := map[string]int{}, 0
 	for _, node := range elig {
@@ -259,13 +276,20 @@ func balance(s State, next map[string]*Assignment, elig []string) int {
 		if lo == "" || count[hi]-count[lo] <= 1 || s.MaxMoves > 0 && moves >= s.MaxMoves {
 			return moves
 		}
+		a := next[hi]
+		i := len(a.Names) - 1
+		for i >= 0 && !s.allowed(lo, a.Names[i]) {
+			i--
+		}
+		if i < 0 {
+			return moves
+		}
 		moves++
 		count[hi]--
 		count[lo]++
-		a := next[hi]
-		last := a.Names[len(a.Names)-1]
-		a.Names = a.Names[:len(a.Names)-1]
-		a.Releasing = append(a.Releasing, last)
+		name := a.Names[i]
+		a.Names = slices.Delete(a.Names, i, i+1)
+		a.Releasing = append(a.Releasing, name)
 	}
 }
 

@@ -141,18 +141,26 @@ func (sc *scheduler) follow(ctx context.Context, from int64, kick chan<- struct{
 	}
 }
 
-// State turns a snapshot into the scheduler's input. While any spec runs
-// processes, nodes that do not allow them are treated as cordoned; nodes
-// whose agent still runs key layout 1 are Frozen.
-func StateOf(snap *Snapshot, names []string, procs bool) State {
+// StateOf turns a snapshot into the scheduler's input: names whose spec
+// runs processes go only to nodes that allow them; nodes whose agent still
+// runs key layout 1 are Frozen.
+func StateOf(snap *Snapshot, names []string) State {
 	st := State{Names: names, Nodes: map[string]NodeView{}, Assign: snap.Assign, Forced: snap.Forced, Held: snap.Held}
 	for n, info := range snap.Nodes {
 		_, cord := snap.Cordons[n]
-		v := NodeView{Alive: true, Cordoned: cord || (procs && !info.AllowProcesses), Capacity: info.Capacity, Converged: true, Frozen: snap.Legacy[n]}
+		v := NodeView{Alive: true, Cordoned: cord, AllowProcesses: info.AllowProcesses, Capacity: info.Capacity, Converged: true, Frozen: snap.Legacy[n]}
 		if rev, ok := snap.AssignRev[n]; ok {
 			v.Converged = snap.Status[n].Converged(rev)
 		}
 		st.Nodes[n] = v
+	}
+	for _, name := range names {
+		if snap.Specs[snap.SpecOf[name]].Processes {
+			if st.NeedsProcesses == nil {
+				st.NeedsProcesses = map[string]bool{}
+			}
+			st.NeedsProcesses[name] = true
+		}
 	}
 	return st
 }
@@ -238,7 +246,7 @@ func leaseSuspect(left, granted int64) bool {
 
 func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string, leaderRev int64) error {
 	now := time.Now().UTC()
-	st := StateOf(snap, snap.Names, snap.HasProcesses())
+	st := StateOf(snap, snap.Names)
 	st.MaxMoves = cmp.Or(sc.maxMoves, DefaultMaxMoves)
 	markSettling(&st, snap, now, cmp.Or(sc.settle, DefaultSettle))
 	sc.markSuspects(ctx, &st, snap)
