@@ -35,7 +35,10 @@ type Options struct {
 type Fleet struct {
 	Source     string // the file it came from, for messages
 	Namespaces []Namespace
-	byName     map[string]int
+	// Links are the links between the fleet's namespaces, each once, in
+	// declaration order (each namespace also lists its own).
+	Links  []Link
+	byName map[string]int
 }
 
 // Namespace is one network namespace as the spec wants it.
@@ -43,9 +46,14 @@ type Namespace struct {
 	Name     string   `json:"name"`
 	Origin   Origin   `json:"origin,omitzero"`
 	Loopback bool     `json:"loopback"` // true: lo is up
-	Sysctls  []Sysctl `json:"sysctls,omitempty"`
-	Veths    []Veth   `json:"veths,omitempty"`
-	Routes   []Route  `json:"routes,omitempty"`
+	// LoopbackAddrs are addresses on lo (a router's own address, /32).
+	LoopbackAddrs []netip.Prefix `json:"loopback_addresses,omitempty"`
+	Sysctls       []Sysctl       `json:"sysctls,omitempty"`
+	Veths         []Veth         `json:"veths,omitempty"`
+	Bridges       []Bridge       `json:"bridges,omitempty"`
+	// Links are the links with an end in this namespace (see Link).
+	Links  []Link  `json:"links,omitempty"`
+	Routes []Route `json:"routes,omitempty"`
 	// Processes are daemons to run inside the namespace (see package proc).
 	Processes []Process `json:"processes,omitempty"`
 }
@@ -181,7 +189,8 @@ func Load(path string, opts Options) (*Fleet, error) {
 
 // file mirrors the YAML document. Unknown keys are refused.
 type file struct {
-	Namespaces []template `yaml:"namespaces"`
+	Namespaces []template     `yaml:"namespaces"`
+	Links      []linkTemplate `yaml:"links"`
 }
 
 type template struct {
@@ -189,8 +198,10 @@ type template struct {
 	Count     *int              `yaml:"count"`
 	Start     *int              `yaml:"start"`
 	Loopback  string            `yaml:"loopback"`
+	LoAddrs   []string          `yaml:"loopback_addresses"`
 	Sysctls   map[string]string `yaml:"sysctls"`
 	Veths     []vethTemplate    `yaml:"veths"`
+	Bridges   []bridgeTemplate  `yaml:"bridges"`
 	Routes    []routeTemplate   `yaml:"routes"`
 	Processes []processTemplate `yaml:"processes"`
 }
@@ -229,6 +240,7 @@ type lines struct {
 	template []int
 	veth     [][]int
 	route    [][]int
+	link     []int // line of each links: template
 }
 
 // Parse parses and validates a spec, then expands it.
@@ -258,6 +270,14 @@ func parseWhole(path string, data []byte, opts Options) (*Fleet, error) {
 		return nil, &Error{File: path, Line: 1, Msg: "no namespaces declared: want a top-level 'namespaces:' list"}
 	}
 	ln := findLines(&doc, len(f.Namespaces))
+	if l := mappingValue(rootOf(&doc), "links"); l != nil {
+		for _, c := range l.Content {
+			if emptyEntry(c) {
+				return nil, &Error{File: path, Line: c.Line, Msg: errEmptyLink}
+			}
+			ln.link = append(ln.link, c.Line)
+		}
+	}
 	if ln.empty > 0 {
 		return nil, &Error{File: path, Line: ln.empty, Msg: errEmptyEntry}
 	}
@@ -291,13 +311,16 @@ func yamlError(path string, err error) error {
 	return &Error{File: path, Line: line, Msg: strings.Join(parts, "; ")}
 }
 
+func rootOf(doc *yaml.Node) *yaml.Node {
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) > 0 {
+		return doc.Content[0]
+	}
+	return doc
+}
+
 func findLines(doc *yaml.Node, n int) lines {
 	ln := lines{template: make([]int, n), veth: make([][]int, n), route: make([][]int, n)}
-	root := doc
-	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
-		root = root.Content[0]
-	}
-	seq := mappingValue(root, "namespaces")
+	seq := mappingValue(rootOf(doc), "namespaces")
 	if seq == nil || seq.Kind != yaml.SequenceNode {
 		return ln
 	}
@@ -359,13 +382,21 @@ func expandAll(path string, f file, ln lines, opts Options) (*Fleet, error) {
 	}
 	perTemplate := make([][]Namespace, len(f.Namespaces))
 	for ti := range f.Namespaces {
-		nss, err := expandTemplate(path, &f.Namespaces[ti], ln.template[ti], ln.veth[ti], ln.route[ti])
+		nss, err := expandTemplate(path, &f.Namespaces[ti], ln.template[ti], ln.veth[ti], ln.route[ti], len(f.Links) > 0)
 		if err != nil {
 			return nil, err
 		}
 		perTemplate[ti] = nss
 	}
-	return assemble(path, perTemplate, total)
+	links := make([][]Link, len(f.Links))
+	for li := range f.Links {
+		ls, err := expandLinks(path, &f.Links[li], lineAt(ln.link, li, 1))
+		if err != nil {
+			return nil, err
+		}
+		links[li] = ls
+	}
+	return assemble(path, perTemplate, total, links)
 }
 
 func maxNamespaces(opts Options) int {
@@ -414,7 +445,9 @@ func checkTemplate(path string, t *template, line int) (int, error) {
 }
 
 // expandTemplate produces a checked template's namespaces.
-func expandTemplate(path string, t *template, line int, vethLines, routeLines []int) ([]Namespace, error) {
+// withLinks: the spec has links, so a route's dev may name a link end;
+// it is checked once the links are attached (checkDevices).
+func expandTemplate(path string, t *template, line int, vethLines, routeLines []int, withLinks bool) ([]Namespace, error) {
 	count := 1
 	if t.Count != nil {
 		count = *t.Count
@@ -425,7 +458,7 @@ func expandTemplate(path string, t *template, line int, vethLines, routeLines []
 	}
 	out := make([]Namespace, 0, count)
 	for k := 0; k < count; k++ {
-		ns, err := expandOne(path, *t, start+k, line, vethLines, routeLines)
+		ns, err := expandOne(path, *t, start+k, line, vethLines, routeLines, withLinks)
 		if err != nil {
 			return nil, err
 		}
@@ -435,8 +468,9 @@ func expandTemplate(path string, t *template, line int, vethLines, routeLines []
 }
 
 // assemble makes the fleet of every template's namespaces, in order,
-// refusing a name or a host interface produced twice.
-func assemble(path string, perTemplate [][]Namespace, total int) (*Fleet, error) {
+// refusing a name or a host interface produced twice, then attaches the
+// links and checks what names an interface.
+func assemble(path string, perTemplate [][]Namespace, total int, links [][]Link) (*Fleet, error) {
 	fl := &Fleet{Source: path, Namespaces: make([]Namespace, 0, total), byName: make(map[string]int, total)}
 	hostOwner := make(map[string]Origin, total)
 	for _, nss := range perTemplate {
@@ -458,11 +492,22 @@ func assemble(path string, perTemplate [][]Namespace, total int) (*Fleet, error)
 			fl.Namespaces = append(fl.Namespaces, ns)
 		}
 	}
+	if err := fl.attachLinks(path, links); err != nil {
+		return nil, err
+	}
+	for i := range fl.Namespaces {
+		ns := &fl.Namespaces[i]
+		if len(links) > 0 || len(ns.Bridges) > 0 {
+			if err := ns.checkDevices(path); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return fl, nil
 }
 
-func expandOne(path string, t template, idx, line int, vethLines, routeLines []int) (Namespace, error) {
-	x := &expander{path: path, t: t, idx: idx, line: line}
+func expandOne(path string, t template, idx, line int, vethLines, routeLines []int, withLinks bool) (Namespace, error) {
+	x := &expander{path: path, t: t, idx: idx, line: line, withLinks: withLinks}
 	name, err := expand(t.Name, expandEnv{i: idx})
 	if err != nil {
 		return Namespace{}, x.bad(line, "name: %v", err)
@@ -479,11 +524,17 @@ func expandOne(path string, t template, idx, line int, vethLines, routeLines []i
 	if ns.Sysctls, err = x.sysctls(); err != nil {
 		return Namespace{}, err
 	}
-	var peers map[string]bool
-	if ns.Veths, peers, err = x.veths(vethLines); err != nil {
+	if ns.LoopbackAddrs, err = expandPrefixes(t.LoAddrs, x.env); err != nil {
+		return Namespace{}, x.bad(line, "loopback_addresses: %v", err)
+	}
+	var ifaces map[string]bool
+	if ns.Veths, ifaces, err = x.veths(vethLines); err != nil {
 		return Namespace{}, err
 	}
-	if ns.Routes, err = x.routes(routeLines, peers); err != nil {
+	if ns.Bridges, err = x.bridges(ifaces); err != nil {
+		return Namespace{}, err
+	}
+	if ns.Routes, err = x.routes(routeLines, ifaces); err != nil {
 		return Namespace{}, err
 	}
 	if ns.Processes, err = x.processes(); err != nil {
@@ -499,6 +550,7 @@ type expander struct {
 	t         template
 	idx, line int
 	env       expandEnv
+	withLinks bool // route devs may name link ends, checked later
 }
 
 func (x *expander) bad(l int, format string, a ...any) error {
@@ -638,7 +690,7 @@ func (x *expander) route(rt routeTemplate, rl int, ifaces map[string]bool) (Rout
 	if r.Via.IsValid() && r.Via.Is4() != r.To.Addr().Is4() {
 		return r, x.bad(rl, "route to %s via %s mixes IPv4 and IPv6", r.To, r.Via)
 	}
-	if r.Dev != "" && !ifaces[r.Dev] {
+	if r.Dev != "" && !ifaces[r.Dev] && !x.withLinks {
 		return r, x.bad(rl, "route dev %q is not an interface of namespace %q", r.Dev, x.env.name)
 	}
 	return r, nil
@@ -731,13 +783,37 @@ func (f *Fleet) Subset(names []string) *Fleet {
 			out.Namespaces = append(out.Namespaces, f.Namespaces[i])
 		}
 	}
+	out.Links = linksOf(out.Namespaces)
+	return out
+}
+
+// linksOf lists the links of nss, each once: a link is listed by its A
+// end's namespace, or by its B end's when A's is not among nss.
+func linksOf(nss []Namespace) []Link {
+	var out []Link
+	in := map[string]bool{}
+	for i := range nss {
+		in[nss[i].Name] = true
+	}
+	for i := range nss {
+		for _, l := range nss[i].Links {
+			if l.A.Namespace == nss[i].Name || !in[l.A.Namespace] {
+				out = append(out, l)
+			}
+		}
+	}
 	return out
 }
 
 // FleetOf makes a fleet of namespaces already expanded (as a cluster stores
 // them), refusing a name or host interface given twice.
 func FleetOf(source string, nss []Namespace) (*Fleet, error) {
-	return assemble(source, [][]Namespace{nss}, len(nss))
+	f, err := assemble(source, [][]Namespace{nss}, len(nss), nil)
+	if err != nil {
+		return nil, err
+	}
+	f.Links = linksOf(f.Namespaces)
+	return f, nil
 }
 
 // HasProcesses reports whether any namespace runs processes.
@@ -759,5 +835,9 @@ func (n *Namespace) Same(o *Namespace) bool {
 	}
 	a, b := *n, *o
 	a.Origin, b.Origin = Origin{}, Origin{}
+	if !sameLinks(a.Links, b.Links) {
+		return false
+	}
+	a.Links, b.Links = nil, nil
 	return reflect.DeepEqual(a, b)
 }

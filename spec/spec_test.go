@@ -169,6 +169,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("{"))
 	f.Add([]byte("# a fleet\nnamespaces:\n  - name: a\n    veths:\n      - host: ha\n        peer: p\n  # between\n  - name: b\n    routes:\n      - to: default\n        dev: lo\n"))
 	f.Add([]byte("---\nnamespaces:\n- name: a\n- name: b\n  count: 1\n"))
+	f.Add([]byte("namespaces:\n  - name: \"r{i}\"\n    count: 3\n    bridges: [{name: br0, ports: [e0]}]\nlinks:\n  - a: \"r{i}:e1\"\n    b: \"r{i+1}:e0\"\n    count: 2\n  - {a: r3:e1, b: r1:e0, a_addresses: [10.0.0.0/31]}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fl, err := Parse("fuzz.yaml", data, Options{MaxNamespaces: 200})
 		// The per-item parser and the whole-document one must agree.

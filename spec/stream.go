@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,20 +25,23 @@ import (
 // across items, tags, several documents) goes through the whole-document
 // parser, which gives the same result (FuzzParse checks both agree).
 
-// item is one top-level entry of the namespaces list, as bytes.
+// item is one top-level entry of the namespaces list or of the links
+// list, as bytes.
 type item struct {
 	start, end int // offsets in the file
 	line       int // 1-based line of its first line
+	link       bool
 }
 
-// splitItems cuts data into the items of its top-level namespaces list,
-// or says it cannot be sure to (ok false).
+// splitItems cuts data into the items of its top-level namespaces and
+// links lists, or says it cannot be sure to (ok false).
 func splitItems(data []byte) (items []item, ok bool) {
 	if bytes.ContainsAny(data, "&*!\t") || bytes.Contains(data, []byte("<<")) || bytes.Contains(data, []byte("\n...")) {
 		return nil, false
 	}
-	const key = "namespaces:"
-	seen, indent, line := false, -1, 0
+	// section: the list being read ("" before the first key); each key once.
+	section, seen, indent, line := "", map[string]bool{}, -1, 0
+	namespaces := 0
 	for off := 0; off < len(data); {
 		end := bytes.IndexByte(data[off:], '\n')
 		next := len(data)
@@ -53,33 +57,47 @@ func splitItems(data []byte) (items []item, ok bool) {
 		blank := len(bytes.TrimSpace(trimmed)) == 0 || trimmed[0] == '#'
 		switch {
 		case blank:
-		case !seen:
-			// Only the key, at the top, with nothing after it but a
-			// comment; a document start before it.
-			if line == 1 && bytes.Equal(bytes.TrimRight(l, " \r"), []byte("---")) {
-				break
+		case section == "" && line == 1 && bytes.Equal(bytes.TrimRight(l, " \r"), []byte("---")):
+			// a document start
+		case ind == 0 && !isItemStart(trimmed) && (section == "" || indent >= 0):
+			// Only a key, at the top, with nothing after it but a
+			// comment, after a list that had items.
+			key := ""
+			for _, k := range []string{"namespaces", "links"} {
+				if rest, found := bytes.CutPrefix(l, []byte(k+":")); found {
+					// A comment needs a space before its '#'.
+					if t := bytes.TrimSpace(rest); len(t) == 0 || t[0] == '#' && rest[0] == ' ' {
+						key = k
+					}
+				}
 			}
-			rest, found := bytes.CutPrefix(l, []byte(key))
-			rest = bytes.TrimSpace(rest)
-			if ind != 0 || !found || len(rest) > 0 && rest[0] != '#' {
+			if key == "" || seen[key] {
 				return nil, false
 			}
-			seen = true
+			if len(items) > 0 {
+				items[len(items)-1].end = off
+			}
+			section, seen[key], indent = key, true, -1
+		case section == "":
+			return nil, false
 		case indent < 0:
 			if !isItemStart(trimmed) {
 				return nil, false
 			}
 			indent = ind
-			items = append(items, item{start: off, line: line})
+			items = append(items, item{start: off, line: line, link: section == "links"})
 		case ind < indent, ind == indent && !isItemStart(trimmed):
 			return nil, false // something after the list: let the parser say what
 		case ind == indent:
 			items[len(items)-1].end = off
-			items = append(items, item{start: off, line: line})
+			items = append(items, item{start: off, line: line, link: section == "links"})
+		}
+		if section == "namespaces" && indent >= 0 && ind == indent && isItemStart(trimmed) {
+			namespaces++
 		}
 		off = next
 	}
-	if !seen || len(items) == 0 {
+	if namespaces == 0 || indent < 0 {
 		return nil, false
 	}
 	items[len(items)-1].end = len(data)
@@ -95,7 +113,9 @@ func isItemStart(trimmed []byte) bool {
 // template and node tree are garbage as soon as it is expanded. The first
 // error in file order is returned.
 func parseItems(path string, data []byte, items []item, opts Options) (*Fleet, error) {
+	withLinks := slices.ContainsFunc(items, func(it item) bool { return it.link })
 	perItem := make([][]Namespace, len(items))
+	links := make([][]Link, len(items))
 	counts := make([]int, len(items))
 	errs := make([]error, len(items))
 	var next atomic.Int64
@@ -109,7 +129,11 @@ func parseItems(path string, data []byte, items []item, opts Options) (*Fleet, e
 				if i >= len(items) {
 					return
 				}
-				perItem[i], counts[i], errs[i] = parseItem(path, data, items[i])
+				if items[i].link {
+					links[i], errs[i] = parseLinkItem(path, data, items[i])
+				} else {
+					perItem[i], counts[i], errs[i] = parseItem(path, data, items[i], withLinks)
+				}
 			}
 		}()
 	}
@@ -124,30 +148,19 @@ func parseItems(path string, data []byte, items []item, opts Options) (*Fleet, e
 	if limit := maxNamespaces(opts); total > limit {
 		return nil, tooMany(path, items[0].line, total, limit)
 	}
-	return assemble(path, perItem, total)
+	return assemble(path, perItem, total, links)
 }
 
 // parseItem parses one item (one node tree, for the values and the
 // lines; unknown keys are refused as the whole-document decoder's
 // KnownFields does), checks its template and expands it.
-func parseItem(path string, data []byte, it item) ([]Namespace, int, error) {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data[it.start:it.end], &doc); err != nil {
-		return nil, 0, shiftLine(yamlError(path, err), it.line-1)
-	}
-	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.SequenceNode ||
-		len(doc.Content[0].Content) != 1 || emptyEntry(doc.Content[0].Content[0]) {
-		return nil, 0, &Error{File: path, Line: it.line, Msg: errEmptyEntry}
-	}
-	n := doc.Content[0].Content[0]
-	if err := knownFields(n, reflect.TypeFor[template]()); err != nil {
-		return nil, 0, shiftLine(yamlError(path, err), it.line-1)
-	}
+func parseItem(path string, data []byte, it item, withLinks bool) ([]Namespace, int, error) {
 	var t template
-	if err := n.Decode(&t); err != nil {
-		return nil, 0, shiftLine(yamlError(path, err), it.line-1)
+	doc, err := decodeItem(path, data, it, &t, errEmptyEntry)
+	if err != nil {
+		return nil, 0, err
 	}
-	one := findItemLines(&doc)
+	one := findItemLines(doc)
 	shift := func(ls []int) []int {
 		for i := range ls {
 			ls[i] += it.line - 1
@@ -159,8 +172,39 @@ func parseItem(path string, data []byte, it item) ([]Namespace, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	nss, err := expandTemplate(path, &t, line, shift(one.veth[0]), shift(one.route[0]))
+	nss, err := expandTemplate(path, &t, line, shift(one.veth[0]), shift(one.route[0]), withLinks)
 	return nss, count, err
+}
+
+// parseLinkItem parses one item of the links list and expands it.
+func parseLinkItem(path string, data []byte, it item) ([]Link, error) {
+	var t linkTemplate
+	doc, err := decodeItem(path, data, it, &t, errEmptyLink)
+	if err != nil {
+		return nil, err
+	}
+	return expandLinks(path, &t, rootOf(doc).Content[0].Line+it.line-1)
+}
+
+// decodeItem parses one item into v (a pointer to its template struct),
+// refusing unknown keys as the whole-document decoder's KnownFields does.
+func decodeItem[T any](path string, data []byte, it item, v *T, empty string) (*yaml.Node, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data[it.start:it.end], &doc); err != nil {
+		return nil, shiftLine(yamlError(path, err), it.line-1)
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.SequenceNode ||
+		len(doc.Content[0].Content) != 1 || emptyEntry(doc.Content[0].Content[0]) {
+		return nil, &Error{File: path, Line: it.line, Msg: empty}
+	}
+	n := doc.Content[0].Content[0]
+	if err := knownFields(n, reflect.TypeFor[T]()); err != nil {
+		return nil, shiftLine(yamlError(path, err), it.line-1)
+	}
+	if err := n.Decode(v); err != nil {
+		return nil, shiftLine(yamlError(path, err), it.line-1)
+	}
+	return &doc, nil
 }
 
 // knownFields refuses mapping keys that t (a struct, or a slice, map or
@@ -222,7 +266,10 @@ func findItemLines(doc *yaml.Node) lines {
 	return findLines(wrapped, 1)
 }
 
-const errEmptyEntry = "empty entry in the namespaces list: want a template (name: ...)"
+const (
+	errEmptyEntry = "empty entry in the namespaces list: want a template (name: ...)"
+	errEmptyLink  = "empty entry in the links list: want a link (a: NAMESPACE:INTERFACE, b: ...)"
+)
 
 // emptyEntry reports whether a list entry is empty (a lone "-").
 func emptyEntry(n *yaml.Node) bool {
