@@ -43,9 +43,9 @@ type Fleet struct {
 
 // Namespace is one network namespace as the spec wants it.
 type Namespace struct {
-	Name     string   `json:"name"`
-	Origin   Origin   `json:"origin,omitzero"`
-	Loopback bool     `json:"loopback"` // true: lo is up
+	Name     string `json:"name"`
+	Origin   Origin `json:"origin,omitzero"`
+	Loopback bool   `json:"loopback"` // true: lo is up
 	// LoopbackAddrs are addresses on lo (a router's own address, /32).
 	LoopbackAddrs []netip.Prefix `json:"loopback_addresses,omitempty"`
 	Sysctls       []Sysctl       `json:"sysctls,omitempty"`
