@@ -36,6 +36,9 @@ type LinkStatus struct {
 	Up   bool   `json:"up"`
 	MTU  int    `json:"mtu"`
 	Host string `json:"host_end,omitempty"` // a veth's end in the host namespace
+	// Peer is a link's other end, NAMESPACE:INTERFACE, as the spec names
+	// it (ls with a spec).
+	Peer string `json:"peer,omitempty"`
 }
 
 // ProcStatus is one supervised process as List reports it.
@@ -328,12 +331,26 @@ func inspect(rd *netns.RunDir, r *reader, snap *snapshot, want *spec.Namespace, 
 		return err
 	})
 	st.Owned = obs.Owned()
+	peers := map[string]string{} // link ends: the other end, as the spec names it
+	if want != nil {
+		for i := range want.Links {
+			mine, other := want.Links[i].Ends(want.Name)
+			peers[mine.Interface] = other.String()
+		}
+	}
 	for _, l := range obs.Links {
 		ls := LinkStatus{Name: l.Name, Type: l.Type, Up: l.Up, MTU: l.MTU}
-		if l.Type == "veth" {
+		switch {
+		case l.Type != "veth":
+		case peers[l.Name] != "":
+			ls.Peer = peers[l.Name]
+		default:
 			ls.Host = snap.hostEnd(&obs, l)
 		}
 		st.Links = append(st.Links, ls)
+	}
+	if want != nil && err == nil {
+		st.Drift = append(st.Drift, DiffLinkEnds(want, &obs)...)
 	}
 	var conflict *Conflict
 	switch {

@@ -105,6 +105,12 @@ const (
 	FixSysctl                     // write a sysctl
 	FixRoute                      // add or replace a route
 	FixHostIPv6                   // turn IPv6 off on a host end
+	FixLoAddr                     // add an address on lo
+	FixBridge                     // create a missing bridge (Delete: a stray device of its name)
+	FixBridgeMTU                  // set a bridge's MTU
+	FixBridgeUp                   // set a bridge up or down
+	FixBridgeAddr                 // add an address on a bridge
+	FixBridgePort                 // enslave a port (Index) to its bridge
 	// What the previous spec asked and the new one does not (Prune).
 	FixDropVeth     // delete a veth (its end inside: Index)
 	FixDropHostAddr // delete an address from a host end (Index)
@@ -116,6 +122,7 @@ const (
 type Fix struct {
 	Kind   FixKind
 	Veth   int // index into Namespace.Veths
+	Bridge int // index into Namespace.Bridges
 	Addr   netip.Prefix
 	Key    string // sysctl key
 	Route  int    // index into Namespace.Routes
@@ -160,6 +167,14 @@ func Diff(want *spec.Namespace, got *Observed, adopt bool) ([]Fix, error) {
 			return nil, err
 		}
 		fixes = append(fixes, vf...)
+	}
+	for _, a := range want.LoopbackAddrs {
+		if !slices.Contains(got.Addrs[rtnl.LoopbackIndex], a) {
+			fixes = append(fixes, Fix{Kind: FixLoAddr, Addr: a, Reason: fmt.Sprintf("address %s missing on lo", a)})
+		}
+	}
+	for bi, b := range want.Bridges {
+		fixes = append(fixes, diffBridge(bi, b, got)...)
 	}
 	for _, s := range want.Sysctls {
 		cur, ok := got.Sysctls[s.Key]
@@ -261,4 +276,73 @@ func diffVeth(vi int, v spec.Veth, got *Observed) ([]Fix, error) {
 		}
 	}
 	return fixes, nil
+}
+
+// diffBridge compares one bridge: the device, its MTU, state and
+// addresses, and its ports (those that exist: a link's end is made after
+// the namespace, and enslaved once it is there).
+func diffBridge(bi int, b spec.Bridge, got *Observed) []Fix {
+	l, ok := got.link(b.Name)
+	if !ok || l.Type != "bridge" {
+		f := Fix{Kind: FixBridge, Bridge: bi, Reason: "bridge " + b.Name + " missing"}
+		if ok {
+			f.Delete = []DeleteLink{{Index: l.Index, Name: b.Name}}
+			f.Reason = fmt.Sprintf("%s is a %s, want a bridge; re-create it", b.Name, l.Type)
+		}
+		return []Fix{f}
+	}
+	var fixes []Fix
+	if b.MTU != 0 && l.MTU != b.MTU {
+		fixes = append(fixes, Fix{Kind: FixBridgeMTU, Bridge: bi, Reason: fmt.Sprintf("bridge %s mtu %d, want %d", b.Name, l.MTU, b.MTU)})
+	}
+	for _, p := range b.Ports {
+		if port, ok := got.link(p); ok && port.Master != l.Index {
+			fixes = append(fixes, Fix{Kind: FixBridgePort, Bridge: bi, Index: port.Index, Reason: fmt.Sprintf("%s is not a port of bridge %s", p, b.Name)})
+		}
+	}
+	for _, a := range b.Addrs {
+		if !slices.Contains(got.Addrs[l.Index], a) {
+			fixes = append(fixes, Fix{Kind: FixBridgeAddr, Bridge: bi, Addr: a, Reason: fmt.Sprintf("address %s missing on %s", a, b.Name)})
+		}
+	}
+	if l.Up != b.Up {
+		fixes = append(fixes, Fix{Kind: FixBridgeUp, Bridge: bi, Reason: fmt.Sprintf("bridge %s is %s, want %s", b.Name, upDown(l.Up), upDown(b.Up))})
+	}
+	return fixes
+}
+
+// DiffLinkEnds lists how the ends of want's links in this namespace
+// differ from the spec, as seen from inside it alone (ls): missing, not a
+// veth, down, MTU, addresses. Up repairs links as pairs, with both namespaces open (see
+// upLinks); this is for reports.
+func DiffLinkEnds(want *spec.Namespace, got *Observed) []string {
+	var out []string
+	for i := range want.Links {
+		l := &want.Links[i]
+		mine, _ := l.Ends(want.Name)
+		have, ok := got.link(mine.Interface)
+		switch {
+		case !ok:
+			out = append(out, "link "+l.String()+" missing")
+			continue
+		case have.Type != "veth" || have.PeerIndex <= 0:
+			// Which namespace its peer is in is not asked (see
+			// rtnl.Survey); numbers alone (pairedInside) match too often
+			// between namespaces that all number from 1.
+			out = append(out, fmt.Sprintf("link %s: %s is not a veth", l, mine.Interface))
+			continue
+		}
+		if l.MTU != 0 && have.MTU != l.MTU {
+			out = append(out, fmt.Sprintf("link %s: %s mtu %d, want %d", l, mine.Interface, have.MTU, l.MTU))
+		}
+		if have.Up != l.Up {
+			out = append(out, fmt.Sprintf("link %s: %s is %s, want %s", l, mine.Interface, upDown(have.Up), upDown(l.Up)))
+		}
+		for _, a := range mine.Addrs {
+			if !slices.Contains(got.Addrs[have.Index], a) {
+				out = append(out, fmt.Sprintf("address %s missing on %s", a, mine.Interface))
+			}
+		}
+	}
+	return out
 }

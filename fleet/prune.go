@@ -77,6 +77,14 @@ func needsAddrs(ns, prev *spec.Namespace) bool {
 		if n == nil {
 			continue
 		}
+		if len(n.LoopbackAddrs) > 0 || slices.ContainsFunc(n.Bridges, func(b spec.Bridge) bool { return len(b.Addrs) > 0 }) {
+			return true
+		}
+		for i := range n.Links {
+			if mine, _ := n.Links[i].Ends(n.Name); len(mine.Addrs) > 0 {
+				return true
+			}
+		}
 		for _, v := range n.Veths {
 			if len(v.PeerAddrs) > 0 {
 				return true

@@ -103,6 +103,18 @@ func observe(in *rtnl.Conn, pfs *sysctl.Procfs, ns, prev *spec.Namespace, obs *O
 		return err
 	}
 	obs.Links = r.Links
+	if len(ns.Bridges) > 0 {
+		// Survey reads veths by ioctl, which says nothing of a master.
+		ports, err := in.BridgePorts()
+		if err != nil {
+			return err
+		}
+		for i := range obs.Links {
+			if m, ok := ports[obs.Links[i].Index]; ok {
+				obs.Links[i].Master = m
+			}
+		}
+	}
 	if needsAddrs(ns, prev) {
 		if obs.Addrs, err = in.Addrs(); err != nil {
 			return err
@@ -204,6 +216,28 @@ func (w *worker) apply(in *rtnl.Conn, h *netns.NS, ns *spec.Namespace, obs *Obse
 		}
 	case FixRoute:
 		return addRoute(in, ns.Routes[f.Route])
+	case FixLoAddr:
+		return in.AddAddr(rtnl.LoopbackIndex, f.Addr)
+	case FixBridge:
+		for _, d := range f.Delete {
+			if err := in.DeleteLink(d.Index); err != nil {
+				return fmt.Errorf("%s: %w", d.Name, err)
+			}
+		}
+		return addBridge(in, ns.Bridges[f.Bridge])
+	case FixBridgeMTU, FixBridgeUp, FixBridgeAddr, FixBridgePort:
+		b := ns.Bridges[f.Bridge]
+		l, _ := obs.link(b.Name)
+		switch f.Kind {
+		case FixBridgeMTU:
+			return in.SetMTU(l.Index, b.MTU)
+		case FixBridgeUp:
+			return in.SetUp(l.Index, b.Up)
+		case FixBridgeAddr:
+			return in.AddAddr(l.Index, f.Addr)
+		default:
+			return in.SetMaster(f.Index, l.Index)
+		}
 	case FixDropVeth:
 		return in.DeleteLink(f.Index)
 	case FixDropPeerAddr:

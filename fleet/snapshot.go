@@ -246,5 +246,11 @@ func (s *snapshot) hostEnd(obs *Observed, l rtnl.Link) string {
 	if back, ok, err := s.dev.IfLink(name); err != nil || !ok || back != l.Index {
 		return ""
 	}
+	// A device that is no veth names itself as its link: numbered as l
+	// is (a link between two namespaces, numbered as the host's ifb0), it
+	// would pass.
+	if veth, err := s.dev.IsVeth(name); err != nil || !veth {
+		return ""
+	}
 	return name
 }

@@ -59,18 +59,32 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 
 	t := newTally(len(f.Namespaces), opts.Mark, opts.OnResult)
 	nw := pool.Fit(opts.workers(len(f.Namespaces)), fdsPerUpWorker)
-	setupErr := pool.Run(ctx, len(f.Namespaces), nw, func() (*worker, error) {
-		return newWorker(rd, snap, &opts)
-	}, (*worker).close, func(w *worker, i int) {
+	open := func() (*worker, error) { return newWorker(rd, snap, &opts) }
+	// A linked namespace is tallied after the links (see links.go).
+	lp := &linkPhases{f: f, opts: &opts, t: t, held: make([]Result, len(f.Namespaces)), existing: make([]bool, len(f.Namespaces))}
+	setupErr := pool.Run(ctx, len(f.Namespaces), nw, open, (*worker).close, func(w *worker, i int) {
 		ns := &f.Namespaces[i]
-		r := w.up(ns, pins[ns.Name])
+		pin := pins[ns.Name]
+		if len(ns.Links) > 0 && pin != nil && pin.State() == netns.PinNamespace {
+			lp.existing[i] = true // repaired in phase 3
+			return
+		}
+		r := w.up(ns, pin)
 		if r.Err != nil {
 			log.Debug(string(r.Action), "namespace", ns.Name, "err", r.Err)
 		} else {
 			log.Debug(string(r.Action), "namespace", ns.Name, "steps", strings.Join(r.Fixes, "; "))
 		}
+		if len(ns.Links) > 0 {
+			lp.held[i] = r
+			return
+		}
 		t.add(r)
 	})
+	if setupErr == nil && len(f.Links) > 0 && ctx.Err() == nil {
+		setupErr = lp.run(ctx, rd, nw, open)
+	}
+	lp.tallyRest()
 	if n := netns.ThreadsDiscarded(); n > 0 {
 		log.Debug("threads discarded after namespace work (normal inside a user namespace)", "count", n)
 	}
@@ -356,9 +370,19 @@ func (w *worker) create(ns *spec.Namespace) error {
 		if err := in.SetLoopback(ns.Loopback, Marker); err != nil {
 			return err
 		}
+		for _, a := range ns.LoopbackAddrs {
+			if err := in.AddAddr(rtnl.LoopbackIndex, a); err != nil {
+				return fmt.Errorf("lo: %w", err)
+			}
+		}
 		sw.lap(StepLo)
 		for _, v := range ns.Veths {
 			if err := w.addVeth(in, inside, v); err != nil {
+				return err
+			}
+		}
+		for _, b := range ns.Bridges {
+			if err := addBridge(in, b); err != nil {
 				return err
 			}
 		}
@@ -369,6 +393,9 @@ func (w *worker) create(ns *spec.Namespace) error {
 			}
 		}
 		sw.lap(StepSysctl)
+		if len(ns.Links) > 0 {
+			return nil // routes may need the links: see finish
+		}
 		for _, r := range ns.Routes {
 			if err := addRoute(in, r); err != nil {
 				return err
@@ -384,31 +411,60 @@ func (w *worker) create(ns *spec.Namespace) error {
 	defer h.Close()
 	err = w.rd.Pin(ns.Name, h)
 	sw.lap(StepPin)
-	if err != nil {
-		return err
+	if err != nil || len(ns.Links) > 0 {
+		return err // a linked namespace's processes start in finish
 	}
 	_, err = w.startProcesses(h, ns, nil)
 	return err
 }
+
+// addBridge creates a bridge with its MTU and addresses, enslaves the
+// ports that exist (a link's end is made after the namespace: see
+// finish) and sets it up.
+func addBridge(in *rtnl.Conn, b spec.Bridge) error {
+	if err := in.AddBridge(b.Name, b.MTU); err != nil {
+		return err
+	}
+	idx, ok, err := in.Index(b.Name)
+	if err == nil && !ok {
+		err = unix.ENODEV
+	}
+	if err != nil {
+		return fmt.Errorf("bridge %s: %w", b.Name, err)
+	}
+	for _, a := range b.Addrs {
+		if err := in.AddAddr(idx, a); err != nil {
+			return fmt.Errorf("bridge %s: %w", b.Name, err)
+		}
+	}
+	for _, p := range b.Ports {
+		pi, ok, err := in.Index(p)
+		if err == nil && ok {
+			err = in.SetMaster(pi, idx)
+		}
+		if err != nil {
+			return fmt.Errorf("bridge %s port %s: %w", b.Name, p, err)
+		}
+	}
+	if b.Up {
+		if err := in.SetUp(idx, true); err != nil {
+			return fmt.Errorf("bridge %s: %w", b.Name, err)
+		}
+	}
+	return nil
+}
+
 
 // needsFullConn reports whether creating ns needs more than raw writes
 // inside it: lookups for addresses, link state and routes.
 // needsFullObserve reports whether reading ns's state needs a full Conn
 // (addresses or routes), or one socket (OpenLite) will do.
 func needsFullObserve(ns *spec.Namespace) bool {
-	if len(ns.Routes) > 0 {
-		return true
-	}
-	for _, v := range ns.Veths {
-		if len(v.PeerAddrs) > 0 {
-			return true
-		}
-	}
-	return false
+	return len(ns.Routes) > 0 || needsAddrs(ns, nil)
 }
 
 func needsFullConn(ns *spec.Namespace) bool {
-	if len(ns.Routes) > 0 {
+	if len(ns.Routes) > 0 || needsAddrs(ns, nil) {
 		return true
 	}
 	for _, v := range ns.Veths {

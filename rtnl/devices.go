@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/nsfleet/nsfleet/internal/pool"
 	"golang.org/x/sys/unix"
@@ -252,4 +253,18 @@ func (d *Devices) IfLink(name string) (int, bool, error) {
 		return l.PeerIndex, true, nil
 	}
 	return d.Index(name)
+}
+
+// IsVeth reports whether the link called name is a veth (by ethtool's
+// driver information: one ioctl, no namespace named).
+func (d *Devices) IsVeth(name string) (bool, error) {
+	var info unix.EthtoolDrvinfo
+	info.Cmd = unix.ETHTOOL_GDRVINFO
+	switch err := ethtoolIoctl(d.fd, name, unsafe.Pointer(&info)); {
+	case errors.Is(err, unix.ENODEV), errors.Is(err, unix.EOPNOTSUPP):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("link %s: driver information: %w", name, err)
+	}
+	return cstring(info.Driver[:]) == "veth", nil
 }

@@ -207,3 +207,31 @@ func parseNetconf(b []byte) (map[uint16]int32, error) {
 	}
 	return out, nil
 }
+
+// BridgePorts returns the bridge ports of c's namespace, each port's index
+// to its bridge's. It dumps the AF_BRIDGE family (as `bridge link` does),
+// whose replies name no other namespace: asking a veth port for its master
+// by an ordinary RTM_GETLINK would give the namespace an id for its
+// peer's (see Survey). Works on a lite Conn.
+func (c *Conn) BridgePorts() (map[int]int, error) {
+	out := map[int]int{}
+	err := retryDump(func() error {
+		clear(out)
+		req := c.request(unix.RTM_GETLINK, unix.NLM_F_DUMP)
+		req.AddData(nl.NewIfInfomsg(unix.AF_BRIDGE))
+		return c.raw.run(call{req: req, resType: unix.RTM_NEWLINK, f: func(m []byte) error {
+			l, err := parseLink(m)
+			if err != nil {
+				return err
+			}
+			if l.Master > 0 {
+				out[l.Index] = l.Master
+			}
+			return nil
+		}})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dump bridge ports: %w", err)
+	}
+	return out, nil
+}

@@ -560,10 +560,32 @@ func (c *Conn) nsidCall(fd int, id *int, found *bool) call {
 // AddDevice creates a link of a kind that needs no parameters (dummy,
 // the veth scenario's control); an empty name lets the kernel choose.
 func (c *Conn) AddDevice(kind, name string) error {
+	return c.addDevice(kind, name, 0)
+}
+
+// AddBridge creates a bridge (with the kernel's defaults: no STP, so a
+// port forwards as soon as it is up) and, if mtu > 0, that MTU.
+func (c *Conn) AddBridge(name string, mtu int) error {
+	return c.addDevice("bridge", name, mtu)
+}
+
+// SetMaster enslaves the link to the bridge (or bond) master; master 0
+// frees it.
+func (c *Conn) SetMaster(index, master int) error {
+	if err := c.setLink(index, 0, 0, nl.NewRtAttr(unix.IFLA_MASTER, nl.Uint32Attr(uint32(master)))); err != nil {
+		return fmt.Errorf("link %d set master %d: %w", index, master, err)
+	}
+	return nil
+}
+
+func (c *Conn) addDevice(kind, name string, mtu int) error {
 	req := c.request(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
 	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
 	if name != "" {
 		req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
+	}
+	if mtu > 0 {
+		req.AddData(nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(mtu))))
 	}
 	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
 	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated(kind))

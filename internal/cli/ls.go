@@ -144,6 +144,9 @@ func printStatusTable(w io.Writer, st []fleet.Status) {
 			if l.Host != "" {
 				t += "=" + l.Host
 			}
+			if l.Peer != "" {
+				t += "=" + l.Peer
+			}
 			if l.Up {
 				t += ":up"
 			} else {
