@@ -454,7 +454,6 @@ func addBridge(in *rtnl.Conn, b spec.Bridge) error {
 	return nil
 }
 
-
 // needsFullConn reports whether creating ns needs more than raw writes
 // inside it: lookups for addresses, link state and routes.
 // needsFullObserve reports whether reading ns's state needs a full Conn
