@@ -146,6 +146,13 @@ func Apply(ctx context.Context, cli *clientv3.Client, f *spec.Fleet, o ApplyOpti
 	if err := ValidSpecName(o.Name); err != nil {
 		return res, err
 	}
+	if len(f.Links) > 0 {
+		// A link whose ends land on two nodes needs a tunnel between
+		// them, which the cluster does not make yet: refused whole,
+		// rather than served in part.
+		l := f.Links[0]
+		return res, fmt.Errorf("%s:%d: link %s: links between namespaces are not served by the cluster yet (only by 'nsfleet up' on one machine)", l.Origin.File, l.Origin.Line, &l)
+	}
 	if err := checkSchema(ctx, cli); err != nil {
 		return res, err
 	}

@@ -355,3 +355,17 @@ func TestMarkSuspects(t *testing.T) {
 		t.Errorf("c dead: suspects a=%v b=%v, want b only", a, b)
 	}
 }
+
+// Links between namespaces are refused by the cluster, whole, naming the
+// first link's line; nothing is written.
+func TestApplyRefusesLinks(t *testing.T) {
+	cli := testEtcd(t)
+	f := mustParse(t, "lab.yaml", "namespaces:\n  - name: \"r{i}\"\n    count: 2\nlinks:\n  - {a: r1:e0, b: r2:e0}\n")
+	_, err := Apply(context.Background(), cli, f, ApplyOptions{Name: "lab", Source: "lab.yaml"})
+	if err == nil || !strings.Contains(err.Error(), "lab.yaml:5: link r1:e0=r2:e0: links between namespaces are not served by the cluster") {
+		t.Fatalf("apply of a spec with links: %v", err)
+	}
+	if resp, _ := cli.Get(context.Background(), Prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); resp.Count != 0 {
+		t.Errorf("%d keys written", resp.Count)
+	}
+}

@@ -54,8 +54,8 @@ type Options struct {
 	// Grace is how long down waits after SIGTERM before SIGKILL; 0: 10 s.
 	Grace time.Duration
 	// OnProgress, if set, is told how far a long phase has come (Down:
-	// "delete" per namespace, "wait" per host veth gone). It is called
-	// from one goroutine at a time.
+	// "delete" per namespace, "wait" per host veth gone; Up: "links" per
+	// link). It is called from one goroutine at a time.
 	OnProgress func(phase string, done, total int)
 	// Steps, if set, receives the time of each creation step (Up only).
 	Steps *StepTimes

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
@@ -279,6 +280,8 @@ func (lp *linkPhases) run(ctx context.Context, rd *netns.RunDir, nw int, newWork
 		err error
 	}
 	res := make([]linkResult, len(f.Links))
+	var mu sync.Mutex
+	made := 0
 	err := pool.Run(ctx, len(f.Links), nw, func() (*linkWorker, error) {
 		return newLinkWorker(rd, lp.opts.DryRun)
 	}, (*linkWorker).close, func(w *linkWorker, i int) {
@@ -291,6 +294,12 @@ func (lp *linkPhases) run(ctx context.Context, rd *netns.RunDir, nw int, newWork
 			res[i].err = fmt.Errorf("link %s: %s", l, why)
 		default:
 			res[i].did, res[i].err = w.up(l)
+		}
+		if lp.opts.OnProgress != nil {
+			mu.Lock()
+			made++
+			lp.opts.OnProgress("links", made, len(f.Links))
+			mu.Unlock()
 		}
 	})
 	if err != nil {

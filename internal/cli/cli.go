@@ -132,7 +132,7 @@ iproute2's: 'ip netns list', 'ip -n NAME' and 'ip netns exec' see them.`,
 	pf.IntVarP(&g.workers, "workers", "w", 0, "parallel workers (0: one per CPU, which measures fastest)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log each step")
 	pf.BoolVar(&g.waitLock, "wait-lock", false, "wait for another nsfleet on the same run dir instead of failing")
-	root.AddCommand(newUp(g), newDown(g), newLs(g), newExec(g), newSupervise(g), newDoctor(g), newBench(g), version.Command(g.stdout))
+	root.AddCommand(newUp(g), newDown(g), newLs(g), newExec(g), newSupervise(g), newDoctor(g), newTopo(g), newBench(g), version.Command(g.stdout))
 	root.AddCommand(clusterCommands(g)...)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	return root

@@ -96,7 +96,17 @@ summary and exits with code 130; the next up carries on.`,
 					prog.printAbove(fmt.Sprintf("repaired %s: %s", r.Name, strings.Join(r.Fixes, "; ")))
 				}
 			}
+			var linkProg *progress
+			opts.OnProgress = func(phase string, done, total int) {
+				if linkProg == nil {
+					linkProg = newProgress(g.stderr, verb+": "+phase, total, progressMode)
+				}
+				linkProg.set(done, total)
+			}
 			sum, err := fleet.Up(cmd.Context(), f, opts)
+			if linkProg != nil {
+				linkProg.finish()
+			}
 			prog.finish()
 			if perr := prof.finish(g.stderr); perr != nil {
 				fmt.Fprintln(g.stderr, "nsfleet: up: --profile:", perr)

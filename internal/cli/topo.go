@@ -1,0 +1,114 @@
+package cli
+
+import (
+	"bufio"
+	"fmt"
+	"net/netip"
+	"strconv"
+
+	"github.com/nsfleet/nsfleet/topo"
+	"github.com/spf13/cobra"
+)
+
+func newTopo(g *globals) *cobra.Command {
+	var prefix, links, loopbacks string
+	var mtu int
+	var noForward bool
+	var processes []string
+	cmd := &cobra.Command{
+		Use:   "topo SHAPE ARGS... > SPEC",
+		Short: "Write the spec of an emulated network: line, ring, star, grid, torus, fat-tree, leaf-spine, random",
+		Long: `topo writes a spec of routers (network namespaces) joined by links, for
+'nsfleet up -f'. Each link is a veth pair whose ends are made directly in
+the two routers' namespaces, with a /31 of its own; each router has a
+loopback address of its own and forwards IPv4. The spec is ordinary YAML:
+one template per kind of router, one line per link; edit it as you like.
+
+Shapes and their arguments:
+  line N                  r1 - r2 - ... - rN
+  ring N                  a line closed by rN - r1 (N >= 3)
+  star N                  a hub and N leaves
+  grid ROWS COLS          each router joined to its right and lower neighbours
+  torus ROWS COLS         a grid whose edges wrap around (4 links per router)
+  fat-tree K              the k-ary fat-tree: (K/2)^2 core, K^2/2 aggregation
+                          and K^2/2 edge switches, K^3/4 hosts (K even)
+  leaf-spine L S H        L leaves each joined to all S spines, H hosts per leaf
+  random N D SEED         a random D-regular graph on N routers (same SEED,
+                          same graph)
+
+Interfaces are eth0, eth1, ... on each router, in link order. Addresses:
+links take /31s from --links in link order, routers their loopback
+address from --loopbacks (a /16) in router order.`,
+		Example: `  nsfleet topo torus 100 100 > torus.yaml && nsfleet up -f torus.yaml
+  nsfleet topo fat-tree 16 > ft16.yaml
+  nsfleet topo random 1000 4 42 --mtu 9000 > random.yaml
+  nsfleet topo ring 10 --process '{name: bird, command: [bird, -f, -c, /etc/lab/bird.conf, -s, "/run/lab/{name}.ctl"]}'`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			t, err := topology(prefix, args)
+			if err != nil {
+				return usageError{err}
+			}
+			o := topo.Options{MTU: mtu, NoForward: noForward}
+			if o.Addressing.Links, err = netip.ParsePrefix(links); err != nil {
+				return usageError{fmt.Errorf("--links %q: %w", links, err)}
+			}
+			if o.Addressing.Loopbacks, err = netip.ParsePrefix(loopbacks); err != nil {
+				return usageError{fmt.Errorf("--loopbacks %q: %w", loopbacks, err)}
+			}
+			for _, p := range processes {
+				o.Processes = append(o.Processes, "- "+p)
+			}
+			w := bufio.NewWriter(g.stdout)
+			if err := t.Write(w, o); err != nil {
+				return usageError{err}
+			}
+			return w.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&prefix, "prefix", "r", "name prefix of the routers of line, ring, star, grid, torus and random")
+	f.StringVar(&links, "links", topo.DefaultAddressing.Links.String(), "IPv4 pool of the links' /31s")
+	f.StringVar(&loopbacks, "loopbacks", topo.DefaultAddressing.Loopbacks.String(), "IPv4 /16 of the routers' loopback addresses")
+	f.IntVar(&mtu, "mtu", 0, "MTU of every link (0: the kernel's default, 1500)")
+	f.BoolVar(&noForward, "no-forward", false, "do not set net.ipv4.ip_forward=1 in the routers")
+	f.StringArrayVar(&processes, "process", nil, "a process every router runs, as a YAML flow mapping of the spec's processes list ({name} is the router's name); repeatable")
+	return cmd
+}
+
+// topology makes the shape args name.
+func topology(prefix string, args []string) (*topo.Topology, error) {
+	shape, rest := args[0], args[1:]
+	arity := map[string]int{"line": 1, "ring": 1, "star": 1, "grid": 2, "torus": 2, "fat-tree": 1, "leaf-spine": 3, "random": 3}
+	n, ok := arity[shape]
+	if !ok {
+		return nil, fmt.Errorf("unknown shape %q: want line, ring, star, grid, torus, fat-tree, leaf-spine or random", shape)
+	}
+	if len(rest) != n {
+		return nil, fmt.Errorf("%s takes %d numbers, got %d (see --help)", shape, n, len(rest))
+	}
+	v := make([]int, n)
+	for i, a := range rest {
+		x, err := strconv.Atoi(a)
+		if err != nil || x < 0 {
+			return nil, fmt.Errorf("%s: %q is not a count", shape, a)
+		}
+		v[i] = x
+	}
+	switch shape {
+	case "line":
+		return topo.Line(prefix, v[0])
+	case "ring":
+		return topo.Ring(prefix, v[0])
+	case "star":
+		return topo.Star(prefix, v[0])
+	case "grid", "torus":
+		return topo.Grid(prefix, v[0], v[1], shape == "torus")
+	case "fat-tree":
+		return topo.FatTree(v[0])
+	case "leaf-spine":
+		return topo.LeafSpine(v[0], v[1], v[2])
+	default:
+		return topo.Random(prefix, v[0], v[1], uint64(v[2]))
+	}
+}
