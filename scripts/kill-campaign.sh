@@ -5,10 +5,10 @@
 #   scripts/kill-campaign.sh [-t TRIALS] [-n ROUTERS] [-b NSFLEET] [-s SEED]
 #
 # Each trial picks one of up, down, supervise and exec --all, starts it on a
-# fleet of N fake routers (each with a supervised daemon) in a private run
-# dir, kills it with SIGKILL after a random delay within the command's
+# fleet of N fake routers (each with a supervised daemon, and joined in a
+# ring by N links between them) in a private run dir, kills it with SIGKILL after a random delay within the command's
 # usual duration, then runs `nsfleet up` again and checks:
-#   - ls -f SPEC says every namespace is ok;
+#   - ls -f SPEC says every namespace is ok (its links' ends included);
 #   - pins = nsfs mounts on them = N (no pin without its mount, none doubled);
 #   - host veths = 2N;
 #   - exactly one daemon per namespace, each matching its record (no
@@ -54,6 +54,13 @@ namespaces:
       - name: daemon
         command: ["sleep", "100000"]
         restart: always
+links:
+  - a: "${prefix}bar-{i}:ra"
+    b: "${prefix}bar-{i+1}:rb"
+    count: $((routers - 1))
+    a_addresses: ["10.{i/256}.{i%256}.0/31"]
+    b_addresses: ["10.{i/256}.{i%256}.1/31"]
+  - {a: "${prefix}bar-${routers}:ra", b: "${prefix}bar-1:rb"}
 EOF
 
 nsf() { "$bin" --run-dir "$rundir" "$@"; }
