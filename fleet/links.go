@@ -376,21 +376,12 @@ func (w *worker) finish(ns *spec.Namespace) ([]string, error) {
 	}
 	err = rtnl.Inside(h, open, func(in *rtnl.Conn) error {
 		for _, b := range ns.Bridges {
-			bi, ok, err := in.Index(b.Name)
-			if err == nil && !ok {
-				err = unix.ENODEV
+			idx, err := bridgeIndex(in, b)
+			if err == nil {
+				err = enslavePorts(in, b, idx)
 			}
 			if err != nil {
-				return fmt.Errorf("bridge %s: %w", b.Name, err)
-			}
-			for _, p := range b.Ports {
-				pi, ok, err := in.Index(p)
-				if err == nil && ok {
-					err = in.SetMaster(pi, bi)
-				}
-				if err != nil {
-					return fmt.Errorf("bridge %s port %s: %w", b.Name, p, err)
-				}
+				return err
 			}
 		}
 		for _, r := range ns.Routes {

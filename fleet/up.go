@@ -425,26 +425,17 @@ func addBridge(in *rtnl.Conn, b spec.Bridge) error {
 	if err := in.AddBridge(b.Name, b.MTU); err != nil {
 		return err
 	}
-	idx, ok, err := in.Index(b.Name)
-	if err == nil && !ok {
-		err = unix.ENODEV
-	}
+	idx, err := bridgeIndex(in, b)
 	if err != nil {
-		return fmt.Errorf("bridge %s: %w", b.Name, err)
+		return err
 	}
 	for _, a := range b.Addrs {
 		if err := in.AddAddr(idx, a); err != nil {
 			return fmt.Errorf("bridge %s: %w", b.Name, err)
 		}
 	}
-	for _, p := range b.Ports {
-		pi, ok, err := in.Index(p)
-		if err == nil && ok {
-			err = in.SetMaster(pi, idx)
-		}
-		if err != nil {
-			return fmt.Errorf("bridge %s port %s: %w", b.Name, p, err)
-		}
+	if err := enslavePorts(in, b, idx); err != nil {
+		return err
 	}
 	if b.Up {
 		if err := in.SetUp(idx, true); err != nil {
@@ -521,6 +512,31 @@ func (w *worker) addVeth(in *rtnl.Conn, inside *netns.NS, v spec.Veth) error {
 		}
 		if err := in.SetUp(peerIdx, true); err != nil {
 			return fmt.Errorf("veth %s: %w", v.Peer, err)
+		}
+	}
+	return nil
+}
+
+func bridgeIndex(in *rtnl.Conn, b spec.Bridge) (int, error) {
+	idx, ok, err := in.Index(b.Name)
+	if err == nil && !ok {
+		err = unix.ENODEV
+	}
+	if err != nil {
+		return 0, fmt.Errorf("bridge %s: %w", b.Name, err)
+	}
+	return idx, nil
+}
+
+// enslavePorts makes the ports of b that exist ports of it (idx).
+func enslavePorts(in *rtnl.Conn, b spec.Bridge, idx int) error {
+	for _, p := range b.Ports {
+		pi, ok, err := in.Index(p)
+		if err == nil && ok {
+			err = in.SetMaster(pi, idx)
+		}
+		if err != nil {
+			return fmt.Errorf("bridge %s port %s: %w", b.Name, p, err)
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package topo
 import (
 	"bytes"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -81,21 +82,9 @@ func TestRandomIsSeeded(t *testing.T) {
 	a, _ := Random("r", 100, 4, 1)
 	b, _ := Random("r", 100, 4, 1)
 	c, _ := Random("r", 100, 4, 2)
-	if len(a.Edges) != 200 || !equalEdges(a.Edges, b.Edges) || equalEdges(a.Edges, c.Edges) {
+	if len(a.Edges) != 200 || !slices.Equal(a.Edges, b.Edges) || slices.Equal(a.Edges, c.Edges) {
 		t.Fatal("the same seed must give the same graph, another seed another")
 	}
-}
-
-func equalEdges(a, b [][2]int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestRefused(t *testing.T) {
