@@ -240,6 +240,26 @@ type linkPhases struct {
 	existing []bool
 	t        *tally
 	index    map[string]int // f's namespaces by name
+
+	mu    sync.Mutex // for progress
+	phase string
+	done  int
+}
+
+// progress counts one more done in phase (of total) and tells
+// Options.OnProgress: the namespaces of phase 1 (all of them, since the
+// linked ones are tallied only at the end) and the links of phase 2.
+func (lp *linkPhases) progress(phase string, total int) {
+	if lp.opts.OnProgress == nil {
+		return
+	}
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	if phase != lp.phase {
+		lp.phase, lp.done = phase, 0
+	}
+	lp.done++
+	lp.opts.OnProgress(phase, lp.done, total)
 }
 
 // owner is the namespace whose result reports a link: its A end's, or its
@@ -280,8 +300,6 @@ func (lp *linkPhases) run(ctx context.Context, rd *netns.RunDir, nw int, newWork
 		err error
 	}
 	res := make([]linkResult, len(f.Links))
-	var mu sync.Mutex
-	made := 0
 	err := pool.Run(ctx, len(f.Links), nw, func() (*linkWorker, error) {
 		return newLinkWorker(rd, lp.opts.DryRun)
 	}, (*linkWorker).close, func(w *linkWorker, i int) {
@@ -295,12 +313,7 @@ func (lp *linkPhases) run(ctx context.Context, rd *netns.RunDir, nw int, newWork
 		default:
 			res[i].did, res[i].err = w.up(l)
 		}
-		if lp.opts.OnProgress != nil {
-			mu.Lock()
-			made++
-			lp.opts.OnProgress("links", made, len(f.Links))
-			mu.Unlock()
-		}
+		lp.progress("links", len(f.Links))
 	})
 	if err != nil {
 		return err

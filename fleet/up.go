@@ -67,6 +67,7 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 		pin := pins[ns.Name]
 		if len(ns.Links) > 0 && pin != nil && pin.State() == netns.PinNamespace {
 			lp.existing[i] = true // repaired in phase 3
+			lp.progress("namespaces", len(f.Namespaces))
 			return
 		}
 		r := w.up(ns, pin)
@@ -77,7 +78,11 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 		}
 		if len(ns.Links) > 0 {
 			lp.held[i] = r
+			lp.progress("namespaces", len(f.Namespaces))
 			return
+		}
+		if len(f.Links) > 0 {
+			lp.progress("namespaces", len(f.Namespaces))
 		}
 		t.add(r)
 	})

@@ -68,7 +68,13 @@ summary and exits with code 130; the next up carries on.`,
 			if dryRun {
 				verb = "plan"
 			}
-			prog := newProgress(g.stderr, verb, len(f.Namespaces), progressMode)
+			// With links, namespaces are tallied only once their links are
+			// made: the phases tell the progress instead (OnProgress).
+			mode := progressMode
+			if len(f.Links) > 0 {
+				mode = "none"
+			}
+			prog := newProgress(g.stderr, verb, len(f.Namespaces), mode)
 			var failures []fleet.Result
 			errs := &errorLog{w: g.stderr}
 			prof, err := startProfile(profileDir)
@@ -96,16 +102,20 @@ summary and exits with code 130; the next up carries on.`,
 					prog.printAbove(fmt.Sprintf("repaired %s: %s", r.Name, strings.Join(r.Fixes, "; ")))
 				}
 			}
-			var linkProg *progress
-			opts.OnProgress = func(phase string, done, total int) {
-				if linkProg == nil {
-					linkProg = newProgress(g.stderr, verb+": "+phase, total, progressMode)
+			var phase string
+			var phaseProg *progress
+			opts.OnProgress = func(p string, done, total int) {
+				if p != phase {
+					if phaseProg != nil {
+						phaseProg.finish()
+					}
+					phase, phaseProg = p, newProgress(g.stderr, verb+": "+p, total, progressMode)
 				}
-				linkProg.set(done, total)
+				phaseProg.set(done, total)
 			}
 			sum, err := fleet.Up(cmd.Context(), f, opts)
-			if linkProg != nil {
-				linkProg.finish()
+			if phaseProg != nil {
+				phaseProg.finish()
 			}
 			prog.finish()
 			if perr := prof.finish(g.stderr); perr != nil {
