@@ -355,7 +355,11 @@ func (lp *linkPhases) run(ctx context.Context, rd *netns.RunDir, nw int, newWork
 				}
 			}
 		}
-		if len(errs) > 0 && r.Err == nil {
+		if len(errs) > 0 {
+			var e *Error
+			if errors.As(r.Err, &e) {
+				errs = append([]error{e.Err}, errs...) // the namespace's own, first
+			}
 			r.Action, r.Err = Failed, &Error{Op: "up", Namespace: ns.Name, Err: errors.Join(errs...)}
 		}
 		lp.held[i] = Result{} // tallied
