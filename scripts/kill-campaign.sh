@@ -2,7 +2,10 @@
 # Kill campaign: SIGKILL nsfleet at random moments and check that a rerun
 # converges exactly (docs/RELIABILITY.md).
 #
-#   scripts/kill-campaign.sh [-t TRIALS] [-n ROUTERS] [-b NSFLEET] [-s SEED]
+#   scripts/kill-campaign.sh [-t TRIALS] [-n ROUTERS] [-b NSFLEET] [-s SEED] [-k CMDS]
+#
+# -k limits the commands killed (a comma-separated list of up, down,
+# supervise and exec; default all four).
 #
 # Each trial picks one of up, down, supervise and exec --all, starts it on a
 # fleet of N fake routers (each with a supervised daemon, and joined in a
@@ -18,14 +21,15 @@
 # trial and a summary; exits non-zero if any trial did not converge.
 set -euo pipefail
 
-trials=10 routers=200 seed=$$ bin=""
-while getopts "t:n:b:s:" o; do
+trials=10 routers=200 seed=$$ bin="" kinds=up,down,supervise,exec
+while getopts "t:n:b:s:k:" o; do
 	case $o in
 	t) trials=$OPTARG ;;
 	n) routers=$OPTARG ;;
 	b) bin=$OPTARG ;;
 	s) seed=$OPTARG ;;
-	*) sed -n '2,20p' "$0" >&2; exit 2 ;;
+	k) kinds=$OPTARG ;;
+	*) sed -n '2,24p' "$0" >&2; exit 2 ;;
 	esac
 done
 [ "$(id -u)" = 0 ] || { echo "kill-campaign: needs root" >&2; exit 2; }
@@ -170,8 +174,8 @@ echo "kill-campaign: self-check: a planted orphan and a half-made pin were caugh
 ok=0 failed=0
 declare -A per=()
 for ((trial = 1; trial <= trials; trial++)); do
-	cmds=(up down supervise exec)
-	what=${cmds[RANDOM % 4]}
+	IFS=, read -r -a cmds <<<"$kinds"
+	what=${cmds[RANDOM % ${#cmds[@]}]}
 	# Start from a random state: none, some or all of the fleet (a supervise
 	# or exec --all trial starts from all of it).
 	# (The previous trial left the whole fleet, converged.)
