@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"time"
 
+	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/topo"
 	"github.com/spf13/cobra"
 )
@@ -72,6 +75,7 @@ address from --loopbacks (a /16) in router order.`,
 	f.StringVar(&loopbacks, "loopbacks", topo.DefaultAddressing.Loopbacks.String(), "IPv4 /16 of the routers' loopback addresses")
 	f.IntVar(&mtu, "mtu", 0, "MTU of every link (0: the kernel's default, 1500)")
 	f.BoolVar(&noForward, "no-forward", false, "do not set net.ipv4.ip_forward=1 in the routers")
+	cmd.AddCommand(newTopoWait(g))
 	f.StringArrayVar(&processes, "process", nil, "a process every router runs, as a YAML flow mapping of the spec's processes list ({name} is the router's name); repeatable")
 	return cmd
 }
@@ -111,4 +115,72 @@ func topology(prefix string, args []string) (*topo.Topology, error) {
 	default:
 		return topo.Random(prefix, v[0], v[1], uint64(v[2]))
 	}
+}
+
+func newTopoWait(g *globals) *cobra.Command {
+	var file string
+	var timeout, interval time.Duration
+	cmd := &cobra.Command{
+		Use:   "wait -f SPEC [--timeout D]",
+		Short: "Wait until every router of a spec has a route to every other router's loopback address",
+		Long: `wait reads the routing table of every namespace of SPEC that has a loopback
+address, again and again, until each has a route (other than a default
+route) to every other one's loopback address: what the routing daemons
+(OSPF, BGP) of an emulated network must have taught it. It prints how far
+they have come every few seconds, and the time it took. Exit code 0 once
+converged, 1 at the timeout (naming the router that reaches fewest).`,
+		Example: `  nsfleet up -f ospf.yaml && nsfleet topo wait -f ospf.yaml --timeout 5m`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if file == "" {
+				return usageError{fmt.Errorf("topo wait: -f SPEC is required")}
+			}
+			if err := needRoot("topo wait"); err != nil {
+				return err
+			}
+			f, err := loadSpec(file)
+			if err != nil {
+				return err
+			}
+			rd, err := netns.OpenRunDir(g.runDir, false)
+			if err != nil {
+				return err
+			}
+			start, last := time.Now(), time.Time{}
+			ctx := cmd.Context()
+			for {
+				r, err := fleet.Learned(ctx, f, g.options(rd))
+				if err != nil {
+					return err
+				}
+				n, total := r.Converged(), len(r.Learned)+len(r.Errors)
+				el := time.Since(start).Round(10 * time.Millisecond)
+				if n == total && len(r.Errors) == 0 {
+					fmt.Fprintf(g.stdout, "topo wait: all %d routers reach the other %d loopback addresses after %s\n", total, r.Want, el)
+					return nil
+				}
+				why := r.Missing()
+				for name, e := range r.Errors {
+					why = name + ": " + e.Error()
+					break
+				}
+				if time.Since(start) >= timeout {
+					return &exitError{code: ExitFailed, err: fmt.Errorf("topo wait: %d of %d routers reach every other loopback after %s; %s", n, total, el, why)}
+				}
+				if time.Since(last) >= plainEvery {
+					last = time.Now()
+					fmt.Fprintf(g.stderr, "topo wait: %d/%d routers reach every other loopback after %s (%s)\n", n, total, el, why)
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(interval):
+				}
+			}
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "the spec whose routers to check")
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "give up after this long")
+	cmd.Flags().DurationVar(&interval, "interval", 250*time.Millisecond, "pause between two reads of every routing table")
+	return cmd
 }
