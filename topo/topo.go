@@ -246,6 +246,7 @@ type Options struct {
 	Addressing Addressing
 	MTU        int  // of every link; 0: the kernel's default
 	NoForward  bool // leave net.ipv4.ip_forward as it is (routers forward by default)
+	NoIPv6     bool // turn IPv6 off in the routers, before their links exist
 	// Processes are added to every router's template, as spec YAML lines
 	// (each a "- " item of the processes list); "{name}" is the router's
 	// name.
@@ -286,8 +287,15 @@ func (t *Topology) Write(w io.Writer, o Options) error {
 			fmt.Fprintf(b, "    count: %d\n", r.Count)
 		}
 		fmt.Fprintf(b, "    loopback_addresses: [\"%d.%d.{i+%d/256}.{i+%d%%256}/32\"]\n", lo[0], lo[1], off, off)
+		var sysctls []string
 		if !o.NoForward {
-			b.WriteString("    sysctls: {net.ipv4.ip_forward: \"1\"}\n")
+			sysctls = append(sysctls, `net.ipv4.ip_forward: "1"`)
+		}
+		if o.NoIPv6 {
+			sysctls = append(sysctls, `net.ipv6.conf.all.disable_ipv6: "1"`, `net.ipv6.conf.default.disable_ipv6: "1"`)
+		}
+		if len(sysctls) > 0 {
+			fmt.Fprintf(b, "    sysctls: {%s}\n", strings.Join(sysctls, ", "))
 		}
 		if len(o.Processes) > 0 {
 			b.WriteString("    processes:\n")

@@ -37,7 +37,7 @@ func TestShapesAreSpecs(t *testing.T) {
 				t.Fatal(err)
 			}
 			var b bytes.Buffer
-			if err := top.Write(&b, Options{Addressing: DefaultAddressing, MTU: 1500}); err != nil {
+			if err := top.Write(&b, Options{Addressing: DefaultAddressing, MTU: 1500, NoIPv6: true}); err != nil {
 				t.Fatal(err)
 			}
 			f, err := spec.Parse(c.name+".yaml", b.Bytes(), spec.Options{})
@@ -64,6 +64,9 @@ func TestShapesAreSpecs(t *testing.T) {
 					t.Fatalf("%s: loopback %v not one of its own", ns.Name, ns.LoopbackAddrs)
 				}
 				los[ns.LoopbackAddrs[0]] = true
+				if len(ns.Sysctls) != 3 {
+					t.Fatalf("%s: sysctls %v, want forwarding on and IPv6 off", ns.Name, ns.Sysctls)
+				}
 				if c.want.degree > 0 && len(ns.Links) != c.want.degree {
 					t.Fatalf("%s has %d links, want %d", ns.Name, len(ns.Links), c.want.degree)
 				}

@@ -16,7 +16,7 @@ import (
 func newTopo(g *globals) *cobra.Command {
 	var prefix, links, loopbacks string
 	var mtu int
-	var noForward bool
+	var noForward, noIPv6 bool
 	var processes []string
 	cmd := &cobra.Command{
 		Use:   "topo SHAPE ARGS... > SPEC",
@@ -41,7 +41,12 @@ Shapes and their arguments:
 
 Interfaces are eth0, eth1, ... on each router, in link order. Addresses:
 links take /31s from --links in link order, routers their loopback
-address from --loopbacks (a /16) in router order.`,
+address from --loopbacks (a /16) in router order. --no-ipv6 turns IPv6
+off in the routers before their links exist (an IPv4 lab is made about
+10% faster).
+
+With routing daemons in the routers (--process), 'nsfleet topo wait -f
+SPEC' waits until every router has a route to every other's loopback.`,
 		Example: `  nsfleet topo torus 100 100 > torus.yaml && nsfleet up -f torus.yaml
   nsfleet topo fat-tree 16 > ft16.yaml
   nsfleet topo random 1000 4 42 --mtu 9000 > random.yaml
@@ -52,7 +57,7 @@ address from --loopbacks (a /16) in router order.`,
 			if err != nil {
 				return usageError{err}
 			}
-			o := topo.Options{MTU: mtu, NoForward: noForward}
+			o := topo.Options{MTU: mtu, NoForward: noForward, NoIPv6: noIPv6}
 			if o.Addressing.Links, err = netip.ParsePrefix(links); err != nil {
 				return usageError{fmt.Errorf("--links %q: %w", links, err)}
 			}
@@ -75,6 +80,7 @@ address from --loopbacks (a /16) in router order.`,
 	f.StringVar(&loopbacks, "loopbacks", topo.DefaultAddressing.Loopbacks.String(), "IPv4 /16 of the routers' loopback addresses")
 	f.IntVar(&mtu, "mtu", 0, "MTU of every link (0: the kernel's default, 1500)")
 	f.BoolVar(&noForward, "no-forward", false, "do not set net.ipv4.ip_forward=1 in the routers")
+	f.BoolVar(&noIPv6, "no-ipv6", false, "turn IPv6 off in the routers (net.ipv6.conf.{all,default}.disable_ipv6)")
 	cmd.AddCommand(newTopoWait(g))
 	f.StringArrayVar(&processes, "process", nil, "a process every router runs, as a YAML flow mapping of the spec's processes list ({name} is the router's name); repeatable")
 	return cmd
