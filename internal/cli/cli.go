@@ -151,6 +151,27 @@ func (g *globals) openRunDir(create bool) (*netns.RunDir, *netns.Lock, error) {
 	return rd, lock, nil
 }
 
+// rootSpecRunDir is the start of a command that reads a spec's namespaces
+// as root: -f required, root checked, the spec loaded, the run dir
+// opened (not locked).
+func (g *globals) rootSpecRunDir(command, file string) (*spec.Fleet, *netns.RunDir, error) {
+	if file == "" {
+		return nil, nil, usageError{fmt.Errorf("%s: -f SPEC is required", command)}
+	}
+	if err := needRoot(command); err != nil {
+		return nil, nil, err
+	}
+	f, err := loadSpec(file)
+	if err != nil {
+		return nil, nil, err
+	}
+	rd, err := netns.OpenRunDir(g.runDir, false)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", command, err)
+	}
+	return f, rd, nil
+}
+
 func loadSpec(path string) (*spec.Fleet, error) {
 	limit := 0
 	if b, err := os.ReadFile("/proc/sys/user/max_net_namespaces"); err == nil {

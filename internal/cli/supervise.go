@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/proc"
 	"github.com/spf13/cobra"
 )
@@ -32,19 +31,9 @@ supervise runs per run dir.`,
   nsfleet ls -f examples/dhcp.yaml         # PID, state and restarts of each process`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if file == "" {
-				return usageError{fmt.Errorf("supervise: -f SPEC is required")}
-			}
-			if err := needRoot("supervise"); err != nil {
-				return err
-			}
-			f, err := loadSpec(file)
+			f, rd, err := g.rootSpecRunDir("supervise", file)
 			if err != nil {
 				return err
-			}
-			rd, err := netns.OpenRunDir(g.runDir, false)
-			if err != nil {
-				return fmt.Errorf("supervise: %w", err)
 			}
 			store := proc.StoreFor(rd)
 			n, nns := 0, 0

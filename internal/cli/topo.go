@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
-	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/topo"
 	"github.com/spf13/cobra"
 )
@@ -138,17 +137,7 @@ converged, 1 at the timeout (naming the router that reaches fewest).`,
 		Example: `  nsfleet up -f ospf.yaml && nsfleet topo wait -f ospf.yaml --timeout 5m`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if file == "" {
-				return usageError{fmt.Errorf("topo wait: -f SPEC is required")}
-			}
-			if err := needRoot("topo wait"); err != nil {
-				return err
-			}
-			f, err := loadSpec(file)
-			if err != nil {
-				return err
-			}
-			rd, err := netns.OpenRunDir(g.runDir, false)
+			f, rd, err := g.rootSpecRunDir("topo wait", file)
 			if err != nil {
 				return err
 			}
