@@ -67,9 +67,9 @@ func (s *linkSide) close() {
 }
 
 // open opens the end's namespace and a connection inside it (the socket
-// stays in the namespace once the thread is back), and looks the
-// interface up.
-func (w *linkWorker) open(end spec.LinkEnd, full bool) (*linkSide, error) {
+// stays in the namespace once the thread is back), checks that the
+// namespace is nsfleet's if asked, and looks the interface up.
+func (w *linkWorker) open(end spec.LinkEnd, full, owned bool) (*linkSide, error) {
 	s := &linkSide{end: end}
 	var err error
 	if s.ns, err = w.rd.Open(end.Namespace); err != nil {
@@ -84,6 +84,12 @@ func (w *linkWorker) open(end spec.LinkEnd, full bool) (*linkSide, error) {
 		s.in, err = open()
 		return err
 	})
+	if err == nil && owned {
+		var lo rtnl.Link
+		if lo, err = s.in.LinkByIndex(rtnl.LoopbackIndex); err == nil && lo.Alias != Marker {
+			err = fmt.Errorf("namespace %s: %w", end.Namespace, ErrForeign)
+		}
+	}
 	if err == nil {
 		err = s.lookup()
 	}
@@ -108,16 +114,17 @@ func (s *linkSide) lookup() error {
 }
 
 // up makes one link match the spec and says what it did. Only the two
-// interfaces the link names are touched, and only inside the link's own
-// namespaces (the caller made or checked them: nsfleet's).
-func (w *linkWorker) up(l *spec.Link) ([]string, error) {
+// interfaces the link names are touched, and only inside namespaces of
+// nsfleet's: check names the ends whose namespace this run did not make,
+// whose lo must carry the Marker (ErrForeign otherwise).
+func (w *linkWorker) up(l *spec.Link, check func(spec.LinkEnd) bool) ([]string, error) {
 	full := len(l.A.Addrs)+len(l.B.Addrs) > 0
-	a, err := w.open(l.A, full)
+	a, err := w.open(l.A, full, check(l.A))
 	if err != nil {
 		return nil, err
 	}
 	defer a.close()
-	b, err := w.open(l.B, full)
+	b, err := w.open(l.B, full, check(l.B))
 	if err != nil {
 		return nil, err
 	}
@@ -271,6 +278,14 @@ func (lp *linkPhases) owner(l *spec.Link) string {
 	return l.B.Namespace
 }
 
+// mustCheck reports whether the namespace of end must be checked for
+// nsfleet's mark before a link is made in it: it was pinned before this
+// run (or is not in the fleet), and adopting was not asked for.
+func (lp *linkPhases) mustCheck(end spec.LinkEnd) bool {
+	i, ok := lp.index[end.Namespace]
+	return !lp.opts.Adopt && (!ok || lp.existing[i])
+}
+
 // blocked says why a link cannot be made now ("" if it can): one of its
 // namespaces failed, is not nsfleet's, or is only planned (dry run).
 func (lp *linkPhases) blocked(l *spec.Link) (string, Action) {
@@ -311,7 +326,7 @@ func (lp *linkPhases) run(ctx context.Context, rd *netns.RunDir, nw int, newWork
 		case why != "":
 			res[i].err = fmt.Errorf("link %s: %s", l, why)
 		default:
-			res[i].did, res[i].err = w.up(l)
+			res[i].did, res[i].err = w.up(l, lp.mustCheck)
 		}
 		lp.progress("links", len(f.Links))
 	})
@@ -344,7 +359,11 @@ func (lp *linkPhases) run(ctx context.Context, rd *netns.RunDir, nw int, newWork
 			}
 		}
 		var errs []error
-		for _, li := range byOwner[i] {
+		owned := byOwner[i]
+		if r.Action == Skipped {
+			owned = nil // not nsfleet's: the skip says why its links are not made
+		}
+		for _, li := range owned {
 			r.Fixes = append(r.Fixes, res[li].did...)
 			if res[li].err != nil {
 				errs = append(errs, res[li].err)

@@ -228,3 +228,40 @@ func TestLinksDryRun(t *testing.T) {
 		t.Fatalf("a dry run made %v", pins)
 	}
 }
+
+// A namespace of the spec that another tool made (no mark on lo) gets no
+// link: nothing is made or deleted inside it, and the link is reported.
+func TestLinksLeaveForeignAlone(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	h, err := netns.Create(nil) // what `ip netns add` does
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rd.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rd.Pin(p+"r2", h); err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	opts := fleet.Options{RunDir: rd}
+	t.Cleanup(func() {
+		down(t, fleet.Selector{Prefix: p}, opts)
+		rd.Unpin(p + "r2")
+	})
+	f := ringSpec(t, p, 3)
+	s := up(t, f, opts)
+	if s.Counts[fleet.Skipped] != 1 {
+		t.Fatalf("up: %+v, want the foreign namespace skipped", s.Counts)
+	}
+	if e := readEnd(t, rd, p+"r2", "e0"); e.found {
+		t.Fatalf("a link end was made in the foreign namespace: %+v", e.link)
+	}
+	if e := readEnd(t, rd, p+"r1", "e1"); e.found {
+		t.Fatalf("a link into the foreign namespace was made: %+v", e.link)
+	}
+	if e := readEnd(t, rd, p+"r3", "e1"); !e.found {
+		t.Fatal("the link between two namespaces of nsfleet's (r3-r1) was not made")
+	}
+}
