@@ -55,8 +55,6 @@ func (s *sock) close() {
 	}
 }
 
-var kernel = &unix.SockaddrNetlink{Family: unix.AF_NETLINK}
-
 // call is one request of a batch, and what is done with its replies: f is
 // called with the payload of every reply of type resType (any type when
 // 0); err is the kernel's answer to it, intr whether a dump was
@@ -129,7 +127,9 @@ func (s *sock) batch(calls []call) error {
 			out = append(out, req.Serialize()...)
 		}
 	}
-	if err := unix.Sendto(s.fd, out, 0, kernel); err != nil {
+	// An address of its own per send: Sendto writes into it (its raw
+	// form), so one shared by every socket is a data race.
+	if err := unix.Sendto(s.fd, out, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return err
 	}
 	bp := recvBufs.Get().(*[]byte)
