@@ -61,11 +61,16 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 	nw := pool.Fit(opts.workers(len(f.Namespaces)), fdsPerUpWorker)
 	open := func() (*worker, error) { return newWorker(rd, snap, &opts) }
 	// A linked namespace is tallied after the links (see links.go).
-	lp := &linkPhases{f: f, opts: &opts, t: t, held: make([]Result, len(f.Namespaces)), existing: make([]bool, len(f.Namespaces))}
+	lp := &linkPhases{f: f, opts: &opts, t: t}
+	linked := func(ns *spec.Namespace) bool { return false }
+	if len(f.Links) > 0 {
+		lp.held, lp.existing = make([]Result, len(f.Namespaces)), make([]bool, len(f.Namespaces))
+		linked = func(ns *spec.Namespace) bool { return len(ns.Links) > 0 }
+	}
 	setupErr := pool.Run(ctx, len(f.Namespaces), nw, open, (*worker).close, func(w *worker, i int) {
 		ns := &f.Namespaces[i]
 		pin := pins[ns.Name]
-		if len(ns.Links) > 0 && pin != nil && pin.State() == netns.PinNamespace {
+		if linked(ns) && pin != nil && pin.State() == netns.PinNamespace {
 			lp.existing[i] = true // repaired in phase 3
 			lp.progress("namespaces", len(f.Namespaces))
 			return
@@ -76,7 +81,7 @@ func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
 		} else {
 			log.Debug(string(r.Action), "namespace", ns.Name, "steps", strings.Join(r.Fixes, "; "))
 		}
-		if len(ns.Links) > 0 {
+		if linked(ns) {
 			lp.held[i] = r
 			lp.progress("namespaces", len(f.Namespaces))
 			return
