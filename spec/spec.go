@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 
@@ -495,9 +496,10 @@ func assemble(path string, perTemplate [][]Namespace, total int, links [][]Link)
 	if err := fl.attachLinks(path, links); err != nil {
 		return nil, err
 	}
+	withLinks := len(fl.Links) > 0
 	for i := range fl.Namespaces {
 		ns := &fl.Namespaces[i]
-		if len(links) > 0 || len(ns.Bridges) > 0 {
+		if withLinks || len(ns.Bridges) > 0 {
 			if err := ns.checkDevices(path); err != nil {
 				return nil, err
 			}
@@ -790,6 +792,9 @@ func (f *Fleet) Subset(names []string) *Fleet {
 // linksOf lists the links of nss, each once: a link is listed by its A
 // end's namespace, or by its B end's when A's is not among nss.
 func linksOf(nss []Namespace) []Link {
+	if !slices.ContainsFunc(nss, func(n Namespace) bool { return len(n.Links) > 0 }) {
+		return nil // the usual fleet, and the agent's hot path: no map
+	}
 	var out []Link
 	in := map[string]bool{}
 	for i := range nss {
