@@ -230,7 +230,7 @@ func Schedule(s State) Plan {
 
 // allowed reports whether node may hold name: any name, unless the name
 // runs processes and the node does not allow them.
-func (s State) allowed(node, name string) bool {
+func (s *State) allowed(node, name string) bool {
 	return !s.NeedsProcesses[name] || s.Nodes[node].AllowProcesses
 }
 

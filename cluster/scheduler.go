@@ -154,12 +154,12 @@ func StateOf(snap *Snapshot, names []string) State {
 		}
 		st.Nodes[n] = v
 	}
-	for _, name := range names {
-		if snap.Specs[snap.SpecOf[name]].Processes {
-			if st.NeedsProcesses == nil {
-				st.NeedsProcesses = map[string]bool{}
+	if snap.HasProcesses() {
+		st.NeedsProcesses = map[string]bool{}
+		for _, name := range names {
+			if snap.Specs[snap.SpecOf[name]].Processes {
+				st.NeedsProcesses[name] = true
 			}
-			st.NeedsProcesses[name] = true
 		}
 	}
 	return st

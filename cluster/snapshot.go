@@ -63,6 +63,16 @@ func (s *Snapshot) Unreadable() error {
 	return errors.Join(errs...)
 }
 
+// HasProcesses reports whether any applied spec runs processes.
+func (s *Snapshot) HasProcesses() bool {
+	for _, m := range s.Specs {
+		if m.Processes {
+			return true
+		}
+	}
+	return false
+}
+
 // Read takes a Snapshot in one read-only transaction: the namespaces are
 // read as keys only, so a scheduler round or a status costs the names,
 // not the fleet.
