@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/nsfleet/nsfleet/fleet"
@@ -19,7 +20,20 @@ import (
 // bridge joins r1 and r2.
 func ringSpec(t *testing.T, p string, n int) *spec.Fleet {
 	t.Helper()
-	y := fmt.Sprintf(`namespaces:
+	return parseRing(t, ringYAML(p, n))
+}
+
+func parseRing(t *testing.T, y string) *spec.Fleet {
+	t.Helper()
+	f, err := spec.Parse("ring.yaml", []byte(y), spec.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func ringYAML(p string, n int) string {
+	return fmt.Sprintf(`namespaces:
   - name: "%[1]sr{i}"
     count: %[2]d
     loopback_addresses: ["10.255.0.{i}/32"]
@@ -37,11 +51,6 @@ links:
   - {a: "%[1]sr1:sw", b: "%[1]ssw:p1"}
   - {a: "%[1]sr2:sw", b: "%[1]ssw:p2"}
 `, p, n, n-1)
-	f, err := spec.Parse("ring.yaml", []byte(y), spec.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f
 }
 
 // linkEnd reads an interface of a namespace: the link, its addresses,
@@ -263,5 +272,27 @@ func TestLinksLeaveForeignAlone(t *testing.T) {
 	}
 	if e := readEnd(t, rd, p+"r3", "e1"); !e.found {
 		t.Fatal("the link between two namespaces of nsfleet's (r3-r1) was not made")
+	}
+}
+
+// Day two: the spec's links change (MTU, an address more on each end);
+// up applies it to the links in the kernel, and leaves them otherwise.
+func TestLinksSpecChange(t *testing.T) {
+	rd := nstest.RunDir(t)
+	p := nstest.Prefix(t)
+	opts := fleet.Options{RunDir: rd}
+	y := ringYAML(p, 3)
+	up(t, parseRing(t, y), opts)
+	t.Cleanup(func() { down(t, fleet.Selector{Prefix: p}, opts) })
+	y = strings.ReplaceAll(y, "mtu: 9000", "mtu: 8000")
+	y = strings.Replace(y, `a_addresses: ["10.0.{i}.0/31"]`, `a_addresses: ["10.0.{i}.0/31", "10.1.{i}.0/31"]`, 1)
+	f := parseRing(t, y)
+	s := up(t, f, opts)
+	if s.Err() != nil || s.Counts[fleet.Repaired] != 3 {
+		t.Fatalf("up of the changed spec: %+v %v", s.Counts, s.Err())
+	}
+	checkLinks(t, rd, f) // MTU 8000 and the new addresses, in the kernel
+	if s := up(t, f, opts); s.Counts[fleet.Unchanged] != 4 {
+		t.Fatalf("again: %+v", s.Counts)
 	}
 }
