@@ -362,7 +362,7 @@ func (st *State) addNode(k int) error {
 
 func (st *State) startAgent(n *NodeInfo) error {
 	args := []string{"agent", "--node", n.Name, "--etcd", strings.Join(Endpoints(), ","),
-		"--run-dir", n.RunDir, "--metrics-addr", "127.0.0.1:9465", "--peer-addr", PeerAddr(n.Index)}
+		"--run-dir", n.RunDir, "--metrics-addr", MetricsAddr(n.Index), "--peer-addr", PeerAddr(n.Index)}
 	if n.Binary == "" {
 		// The sim's own agents serve their Go profiles, read from inside
 		// the node (another binary, as in an upgrade, may not know the

@@ -69,6 +69,11 @@ type NodeInfo struct {
 // link to the hub, which routes between nodes.
 func PeerAddr(k int) string { return fmt.Sprintf("198.19.%d.2:9466", k) }
 
+// MetricsAddr is where node k's agent serves /metrics and /healthz: its
+// address on the link to the hub, so that a Prometheus in the hub's
+// namespace scrapes every node.
+func MetricsAddr(k int) string { return fmt.Sprintf("198.19.%d.2:9465", k) }
+
 // MemberAddr is the hub address of etcd member k (1..3).
 func MemberAddr(k int) string { return fmt.Sprintf("198.18.0.%d", k) }
 

@@ -95,6 +95,10 @@ func isUsage(err error) bool {
 	return errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command")
 }
 
+// Command is nsfleet's command tree, for generated docs (man pages); it
+// runs nothing.
+func Command() *cobra.Command { return newRoot(&globals{stdout: io.Discard, stderr: io.Discard}) }
+
 func newRoot(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "nsfleet",
@@ -135,6 +139,7 @@ iproute2's: 'ip netns list', 'ip -n NAME' and 'ip netns exec' see them.`,
 	root.AddCommand(newUp(g), newDown(g), newLs(g), newExec(g), newSupervise(g), newDoctor(g), newTopo(g), newBench(g), version.Command(g.stdout))
 	root.AddCommand(clusterCommands(g)...)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	completions(root, g)
 	return root
 }
 

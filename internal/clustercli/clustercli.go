@@ -45,6 +45,31 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	g := &globals{stdout: stdout, stderr: stderr}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "nsfleet:", err)
+	var u usageError
+	switch {
+	case ctx.Err() != nil:
+		return 130
+	case errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command"):
+		return 2
+	}
+	return 1
+}
+
+// Command is the cluster binary's command tree, for generated docs (man
+// pages); it runs nothing.
+func Command() *cobra.Command { return newRoot(&globals{stdout: io.Discard, stderr: io.Discard}) }
+
+func newRoot(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "nsfleet",
 		Short: "nsfleet's cluster: agents on etcd, the cluster's commands, a cluster on one machine",
@@ -81,23 +106,12 @@ shows the cluster; 'nsfleet sim' makes a whole cluster on one machine.`,
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log more")
 	pf.StringVar(&g.logFormat, "log-format", "text", "text (for people) or json (one object a line, for log shippers)")
 	root.AddCommand(newAgent(g), newCluster(g), newSim(g), newEtcdMember(g), newWatchdog(g), version.Command(g.stdout))
-	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return 0
-	}
-	fmt.Fprintln(stderr, "nsfleet:", err)
-	var u usageError
-	switch {
-	case ctx.Err() != nil:
-		return 130
-	case errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command"):
-		return 2
-	}
-	return 1
+	// Its commands are completed through nsfleet's script (nsfleet asks
+	// this binary's hidden __complete), so no script of its own, which
+	// would claim the name nsfleet.
+	root.CompletionOptions.DisableDefaultCmd = true
+	completions(root, g)
+	return root
 }
 
 // endpoints returns the etcd URLs asked for, and whether any was.

@@ -233,6 +233,23 @@ func TestSim(t *testing.T) {
 		})
 	})
 
+	t.Run("completion", func(t *testing.T) {
+		// What a TAB after drain, uncordon, delete, wait or sim kill offers.
+		for _, c := range []struct{ args, want string }{
+			{"cluster drain ", "node-1 node-2 node-3"},
+			{"cluster delete r", "routers"},
+			{"cluster wait " + prefix + "bar-8", prefix + "bar-8 " + prefix + "bar-80 " + prefix + "bar-81 " + prefix + "bar-82 " + prefix + "bar-83 " + prefix + "bar-84 " + prefix + "bar-85 " + prefix + "bar-86 " + prefix + "bar-87 " + prefix + "bar-88 " + prefix + "bar-89"},
+			{"sim kill --dir " + dir + " node-", "node-1 node-2 node-3"},
+		} {
+			args := strings.Split(c.args, " ")
+			out := must(t, append([]string{"__complete"}, args...)...)
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if got := strings.Join(lines[:len(lines)-1], " "); got != c.want || lines[len(lines)-1] != ":4" {
+				t.Errorf("%s<TAB>: %q %s, want %q", c.args, got, lines[len(lines)-1], c.want)
+			}
+		}
+	})
+
 	t.Run("drift repaired from events", func(t *testing.T) {
 		n, err := st.Node("node-1")
 		if err != nil {
@@ -434,13 +451,13 @@ func TestSim(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		body := httpGetIn(t, n.NetPin, "127.0.0.1:9465", "/metrics")
+		body := httpGetIn(t, n.NetPin, sim.MetricsAddr(n.Index), "/metrics")
 		for _, want := range []string{"nsfleet_namespaces_ready{node=\"node-1\"}", "nsfleet_namespaces_desired{node=\"node-1\"}", "nsfleet_reconcile_duration_seconds_count", "nsfleet_fenced{node=\"node-1\"} 0"} {
 			if !strings.Contains(body, want) {
 				t.Errorf("/metrics lacks %s", want)
 			}
 		}
-		if body := httpGetIn(t, n.NetPin, "127.0.0.1:9465", "/healthz"); !strings.Contains(body, "200 OK") {
+		if body := httpGetIn(t, n.NetPin, sim.MetricsAddr(n.Index), "/healthz"); !strings.Contains(body, "200 OK") {
 			t.Errorf("/healthz: %s", body)
 		}
 	})
