@@ -176,14 +176,14 @@ func TestUevent(t *testing.T) {
 }
 
 // TestFakeRouterEveryEngine runs the thread's own methods too (the ip
-// script, ip -batch, pyroute2), small. Where python3-pyroute2 is missing
+// script, ip -batch, pyroute2) and the Go libraries' (netlink), small. Where python3-pyroute2 is missing
 // the engine is skipped with the reason, except in CI, which installs it.
 func TestFakeRouterEveryEngine(t *testing.T) {
 	nstest.SystemRunDir(t) // ip and pyroute2 pin in /run/netns: leave it as found
 	s, _ := Lookup("fake-router")
 	p := nstest.Prefix(t)
 	t.Cleanup(func() { nstest.DeleteHostLinks(t, p) })
-	r, err := Execute(context.Background(), s, Options{N: 6, Mark: 3, Runs: 1, Engines: []string{"iproute2", "iproute2-batch", "pyroute2"}, Variants: []string{"add+2exec+2link"}, Prefix: p})
+	r, err := Execute(context.Background(), s, Options{N: 6, Mark: 3, Runs: 1, Engines: []string{"iproute2", "iproute2-batch", "pyroute2", "netlink", "netlink-1q"}, Variants: []string{"add+2exec+2link"}, Prefix: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestFakeRouterEveryEngine(t *testing.T) {
 			ran[x.Config["engine"]]++
 		}
 	}
-	for _, eng := range []string{"iproute2", "iproute2-batch", "pyroute2"} {
+	for _, eng := range []string{"iproute2", "iproute2-batch", "pyroute2", "netlink", "netlink-1q"} {
 		if ran[eng] != 2 {
 			if eng == "pyroute2" && os.Getenv("CI") == "" && len(r.Skipped) > 0 {
 				t.Logf("pyroute2 skipped here: %v", r.Skipped)

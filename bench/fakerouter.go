@@ -27,7 +27,7 @@ func init() {
 		Describe: "thread 000: netns + lo up + ip_forward + 2 veth pairs, routers/s per mark; engines side by side",
 		N:        1000,
 		Mark:     250,
-		Engines:  []string{"native", "iproute2", "iproute2-batch", "pyroute2"},
+		Engines:  []string{"native", "iproute2", "iproute2-batch", "pyroute2", "netlink", "netlink-1q"},
 		Variants: []string{"add", "add+exec", "add+2exec", "add+2exec+link", "add+2exec+2link"},
 		Keys:     []string{"engine", "variant"},
 		Run:      fakeRouter{}.Run,
@@ -55,7 +55,8 @@ func (f fakeRouter) Run(ctx context.Context, o Options, run *Run) error {
 	variants := o.Variants
 	run.Notes = append(run.Notes,
 		"native uses its own run dir ("+o.RunDir+"); the iproute2 and pyroute2 engines must use /run/netns, under the prefix "+o.Prefix,
-		"iproute2-batch: ip -batch expresses netns add and link add, but lo up and sysctl still need 'netns exec' lines, a process each")
+		"iproute2-batch: ip -batch expresses netns add and link add, but lo up and sysctl still need 'netns exec' lines, a process each",
+		"netlink: vishvananda/netns and vishvananda/netlink as Go tools use them (NewNamed pins in /run/netns, a handle per namespace, sysctls through /proc/sys), with the native engine's worker count; netlink-1q: the same with one queue per veth end, as nsfleet")
 	// Refuse to run where cleanup could remove what others made.
 	if ents, err := os.ReadDir(netns.DefaultRunDir); err == nil {
 		for _, e := range ents {
@@ -211,6 +212,8 @@ func (f fakeRouter) external(ctx context.Context, o Options, eng string, cfg map
 			err = ipBatch(ctx, o.Prefix, st, from, to)
 		case "pyroute2":
 			err = pyroute2Script(ctx, o.Prefix, st, from, to)
+		case "netlink", "netlink-1q":
+			err = netlinkRouters(ctx, o.Prefix, st, from, to, o.Workers, eng == "netlink-1q")
 		}
 		if err != nil {
 			return err

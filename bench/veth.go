@@ -11,6 +11,8 @@ import (
 
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
 )
 
 // veth reproduces thread 002 (docs/BACKGROUND.md): creating thousands of veth pairs,
@@ -33,7 +35,7 @@ func init() {
 		Describe: "thread 002: N veth pairs, pairs/s and cumulative s per mark; names, peer placement, queues, dummy control; ip's loop as an engine",
 		N:        2000,
 		Mark:     100,
-		Engines:  []string{"native", "iproute2"},
+		Engines:  []string{"native", "iproute2", "netlink"},
 		Variants: []string{"explicit", "kernel-names", "peer-moved", "default-queues", "dummy"},
 		Keys:     []string{"engine", "variant"},
 		Run:      veth{}.Run,
@@ -43,12 +45,17 @@ func init() {
 // vethIproute2 are the variants the thread's shell loop has a form for.
 var vethIproute2 = map[string]bool{"kernel-names": true, "dummy": true}
 
+// vethNetlink are the variants vishvananda/netlink can express (LinkAdd
+// always sends a name, so the kernel cannot choose one).
+var vethNetlink = map[string]bool{"explicit": true, "peer-moved": true, "default-queues": true, "dummy": true}
+
 func (v veth) Run(ctx context.Context, o Options, run *Run) error {
 	run.Notes = append(run.Notes,
 		"explicit: names given, peer created inside B, one queue per end (what nsfleet does)",
 		"default-queues: as explicit but with the kernel's queue count, like ip link add (veth then cuts it to 1, waiting for grace periods)",
 		"delete metrics of explicit: one RTM_DELLINK per pair for half, then dropping B for the rest; kernel-names and dummy delete all one by one, as the thread did",
-		"engine=iproute2 is the thread's loop: one `ip link add type veth` (or `type dummy`) process per device inside A, then one `ip link del` each")
+		"engine=iproute2 is the thread's loop: one `ip link add type veth` (or `type dummy`) process per device inside A, then one `ip link del` each",
+		"engine=netlink: vishvananda/netlink's LinkAdd (Veth with PeerNamespace; LinkSetNsFd for peer-moved; NumTxQueues/NumRxQueues 1 except default-queues) and LinkDel, on a handle in A")
 	dummyOK := ""
 	for _, eng := range o.Engines {
 		if why := engineMissing(eng); why != "" {
@@ -59,6 +66,10 @@ func (v veth) Run(ctx context.Context, o Options, run *Run) error {
 			cfg := map[string]string{"engine": eng, "variant": variant}
 			if eng == "iproute2" && !vethIproute2[variant] {
 				run.Skipped = append(run.Skipped, ConfigKey(cfg, run.Keys)+": the thread's loop has no such form (only kernel-names and dummy)")
+				continue
+			}
+			if eng == "netlink" && !vethNetlink[variant] {
+				run.Skipped = append(run.Skipped, ConfigKey(cfg, run.Keys)+": vishvananda/netlink always names the devices")
 				continue
 			}
 			if variant == "dummy" {
@@ -132,6 +143,15 @@ func (v veth) once(ctx context.Context, o Options, cfg map[string]string, rep in
 	}
 	defer c.Close()
 	variant, ip := cfg["variant"], cfg["engine"] == "iproute2"
+	del := func(l rtnl.Link) error { return c.DeleteLink(l.Index) }
+	var nl *netlink.Handle
+	if cfg["engine"] == "netlink" {
+		if nl, err = netlink.NewHandleAt(vnetns.NsHandle(a.Fd())); err != nil {
+			return err
+		}
+		defer nl.Close()
+		del = func(l rtnl.Link) error { return nl.LinkDel(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: l.Index, Name: l.Name}}) }
+	}
 	kind := "veth"
 	if variant == "dummy" {
 		kind = "dummy"
@@ -148,6 +168,10 @@ func (v veth) once(ctx context.Context, o Options, cfg map[string]string, rep in
 		switch {
 		case ip:
 			if err := ipIn(a, "link", "add", "type", kind); err != nil {
+				return err
+			}
+		case nl != nil:
+			if err := netlinkPair(nl, b, variant, i); err != nil {
 				return err
 			}
 		case variant == "dummy":
@@ -171,9 +195,9 @@ func (v veth) once(ctx context.Context, o Options, cfg map[string]string, rep in
 	}
 	switch variant {
 	case "explicit":
-		return v.deleteHalfAndHalf(c, b, cfg, rep, run)
+		return v.deleteHalfAndHalf(c, b, del, cfg, rep, run)
 	case "kernel-names", "dummy":
-		return v.deleteOneByOne(ctx, o, c, a, kind, ip, sample)
+		return v.deleteOneByOne(ctx, o, c, a, kind, ip, del, sample)
 	}
 	return nil // the namespaces go when a and b are closed
 }
@@ -204,7 +228,7 @@ func (v veth) addPair(c *rtnl.Conn, b *netns.NS, variant string, i int) error {
 // deleteOneByOne deletes every device of kind in A, oldest first, one
 // request (or one ip process) each, timing the cumulative seconds at each
 // mark as the thread's table has them.
-func (v veth) deleteOneByOne(ctx context.Context, o Options, c *rtnl.Conn, a *netns.NS, kind string, ip bool, sample func(int, string, string, string, float64)) error {
+func (v veth) deleteOneByOne(ctx context.Context, o Options, c *rtnl.Conn, a *netns.NS, kind string, ip bool, del func(rtnl.Link) error, sample func(int, string, string, string, float64)) error {
 	links, err := c.Links()
 	if err != nil {
 		return err
@@ -224,7 +248,7 @@ func (v veth) deleteOneByOne(ctx context.Context, o Options, c *rtnl.Conn, a *ne
 		if ip {
 			err = ipIn(a, "link", "del", l.Name)
 		} else {
-			err = c.DeleteLink(l.Index)
+			err = del(l)
 		}
 		if err != nil {
 			return err
@@ -238,21 +262,21 @@ func (v veth) deleteOneByOne(ctx context.Context, o Options, c *rtnl.Conn, a *ne
 
 // deleteHalfAndHalf deletes the first half one by one and the rest by
 // dropping B, whose exit takes its peers and so the pairs with it.
-func (v veth) deleteHalfAndHalf(c *rtnl.Conn, b *netns.NS, cfg map[string]string, rep int, run *Run) error {
+func (v veth) deleteHalfAndHalf(c *rtnl.Conn, b *netns.NS, del func(rtnl.Link) error, cfg map[string]string, rep int, run *Run) error {
 	links, err := c.Links()
 	if err != nil {
 		return err
 	}
-	var idx []int
+	var idx []rtnl.Link
 	for _, l := range links {
 		if l.Type == "veth" {
-			idx = append(idx, l.Index)
+			idx = append(idx, l)
 		}
 	}
 	half := len(idx) / 2
 	start := time.Now()
 	for k := 0; k < half; k++ {
-		if err := c.DeleteLink(idx[k]); err != nil {
+		if err := del(idx[k]); err != nil {
 			return err
 		}
 	}
