@@ -150,7 +150,9 @@ func (v veth) once(ctx context.Context, o Options, cfg map[string]string, rep in
 			return err
 		}
 		defer nl.Close()
-		del = func(l rtnl.Link) error { return nl.LinkDel(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: l.Index, Name: l.Name}}) }
+		del = func(l rtnl.Link) error {
+			return nl.LinkDel(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: l.Index, Name: l.Name}})
+		}
 	}
 	kind := "veth"
 	if variant == "dummy" {
