@@ -43,22 +43,73 @@ var glyphs = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.TriangleGlyph{}, draw.S
 // the data span more than 10x; the x axis ends at the data. format is
 // "svg" or "png".
 func Plot(w io.Writer, runs []*bench.Run, metric, format string) error {
-	type line struct {
-		label string
-		pts   plotter.XYs
-		errs  plotter.YErrors
+	pd := collectPanels(runs, metric)
+	if len(pd.order) == 0 {
+		return fmt.Errorf("no %q samples with marks to plot", metric)
 	}
-	panels := map[string][]line{}
-	var order []string
-	var unit string
-	minY, maxY, minX, maxX := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
+	style, labels := pd.styles()
+	if len(labels) > len(okabeIto)*len(dashes) {
+		return fmt.Errorf("%d lines would share the %d distinct colour and dash pairs: plot fewer configurations", len(labels), len(okabeIto)*len(dashes))
+	}
+	// A logarithmic axis when the values span more than 10x (and are all
+	// positive): otherwise the slow lines lie flat on the floor.
+	pd.logY = pd.minY > 0 && pd.maxY/pd.minY > 10
+	if !pd.logY {
+		pd.minY = 0
+	}
+	cols := min(len(pd.order), 3)
+	rows := (len(pd.order) + cols - 1) / cols
+	grid := make([][]*plot.Plot, rows)
+	for i := range grid {
+		grid[i] = make([]*plot.Plot, cols)
+	}
+	marks := pd.marks()
+	for k, name := range pd.order {
+		title := name
+		if k == 0 {
+			title = fmt.Sprintf("%s: %s", runs[0].Scenario, metric)
+			if name != "" {
+				title += " | " + name
+			}
+		}
+		p, err := pd.panel(title, metric, pd.panels[name], marks, style, len(labels))
+		if err != nil {
+			return err
+		}
+		grid[k/cols][k%cols] = p
+	}
+	return drawGrid(w, grid, rows, cols, format)
+}
+
+// plotLine is one configuration's means (with ±1 SD) over the marks.
+type plotLine struct {
+	label string
+	pts   plotter.XYs
+	errs  plotter.YErrors
+}
+
+// panelData is what Plot draws: lines per panel, in the runs' order, and
+// the bounds every panel shares.
+type panelData struct {
+	panels                 map[string][]plotLine
+	order                  []string
+	unit                   string
+	minY, maxY, minX, maxX float64
+	logY                   bool
+}
+
+// collectPanels groups the metric's samples of the runs into panels (the
+// configuration after its first key; per run when runs are compared and
+// there is none) of lines (the first key, with the run when several).
+func collectPanels(runs []*bench.Run, metric string) *panelData {
+	pd := &panelData{panels: map[string][]plotLine{}, minY: math.Inf(1), maxY: math.Inf(-1), minX: math.Inf(1), maxX: math.Inf(-1)}
 	for _, r := range runs {
 		g := group(r)
 		vals, ok := g.values[metric]
 		if !ok {
 			continue
 		}
-		unit = g.units[metric]
+		pd.unit = g.units[metric]
 		// In the order the run made them: the scenario's order.
 		for _, c := range g.configs[metric] {
 			panel, label := splitConfig(c, r.Keys)
@@ -73,7 +124,7 @@ func Plot(w io.Writer, runs []*bench.Run, metric, format string) error {
 					label = who + " " + label
 				}
 			}
-			l := line{label: strings.TrimSpace(label)}
+			l := plotLine{label: strings.TrimSpace(label)}
 			if l.label == "" {
 				l.label = "all"
 			}
@@ -85,117 +136,109 @@ func Plot(w io.Writer, runs []*bench.Run, metric, format string) error {
 				st := Summarize(v)
 				l.pts = append(l.pts, plotter.XY{X: float64(m), Y: st.Mean})
 				l.errs = append(l.errs, struct{ Low, High float64 }{st.SD, st.SD})
-				minY, maxY = math.Min(minY, st.Mean-st.SD), math.Max(maxY, st.Mean+st.SD)
-				minX, maxX = math.Min(minX, float64(m)), math.Max(maxX, float64(m))
+				pd.minY, pd.maxY = math.Min(pd.minY, st.Mean-st.SD), math.Max(pd.maxY, st.Mean+st.SD)
+				pd.minX, pd.maxX = math.Min(pd.minX, float64(m)), math.Max(pd.maxX, float64(m))
 			}
 			if len(l.pts) == 0 {
 				continue
 			}
-			if _, ok := panels[panel]; !ok {
-				order = append(order, panel)
+			if _, ok := pd.panels[panel]; !ok {
+				pd.order = append(pd.order, panel)
 			}
-			panels[panel] = append(panels[panel], l)
+			pd.panels[panel] = append(pd.panels[panel], l)
 		}
 	}
-	if len(order) == 0 {
-		return fmt.Errorf("no %q samples with marks to plot", metric)
-	}
-	// Panels in the order the run made them (the scenario's order of
-	// variants); each label keeps one style across panels.
+	return pd
+}
+
+// styles gives each line label one style index, kept across panels.
+func (pd *panelData) styles() (map[string]int, []string) {
 	style := map[string]int{}
 	var labels []string
-	for _, name := range order {
-		for _, l := range panels[name] {
+	for _, name := range pd.order {
+		for _, l := range pd.panels[name] {
 			if _, ok := style[l.label]; !ok {
 				style[l.label] = len(labels)
 				labels = append(labels, l.label)
 			}
 		}
 	}
-	if len(labels) > len(okabeIto)*len(dashes) {
-		return fmt.Errorf("%d lines would share the %d distinct colour and dash pairs: plot fewer configurations", len(labels), len(okabeIto)*len(dashes))
-	}
+	return style, labels
+}
+
+// marks are the x values of every line, sorted.
+func (pd *panelData) marks() []float64 {
 	var marks []float64
-	seenMark := map[float64]bool{}
-	for _, name := range order {
-		for _, l := range panels[name] {
+	seen := map[float64]bool{}
+	for _, name := range pd.order {
+		for _, l := range pd.panels[name] {
 			for _, pt := range l.pts {
-				if !seenMark[pt.X] {
-					seenMark[pt.X] = true
+				if !seen[pt.X] {
+					seen[pt.X] = true
 					marks = append(marks, pt.X)
 				}
 			}
 		}
 	}
 	sort.Float64s(marks)
-	// A logarithmic axis when the values span more than 10x (and are all
-	// positive): otherwise the slow lines lie flat on the floor.
-	logY := minY > 0 && maxY/minY > 10
-	if !logY {
-		minY = 0
+	return marks
+}
+
+// panel draws one panel's lines on the shared axes: a colour and dash
+// pattern and a marker per label (dashes differ too when the lines are
+// few), error bars on a linear axis.
+func (pd *panelData) panel(title, metric string, lines []plotLine, marks []float64, style map[string]int, nLabels int) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.Title.TextStyle.Font.Size = vg.Points(10)
+	p.X.Label.Text = "mark (done so far)"
+	p.Y.Label.Text = fmt.Sprintf("%s (%s)", metric, pd.unit)
+	p.X.Min, p.X.Max = pd.minX, pd.maxX
+	p.Y.Min, p.Y.Max = pd.minY, pd.maxY
+	if pd.logY {
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		p.Y.Label.Text += ", log scale"
 	}
-	cols := min(len(order), 3)
-	rows := (len(order) + cols - 1) / cols
-	grid := make([][]*plot.Plot, rows)
-	for i := range grid {
-		grid[i] = make([]*plot.Plot, cols)
-	}
-	for k, name := range order {
-		ls := panels[name]
-		p := plot.New()
-		p.Title.Text = name
-		if k == 0 {
-			p.Title.Text = fmt.Sprintf("%s: %s", runs[0].Scenario, metric)
-			if name != "" {
-				p.Title.Text += " | " + name
+	p.Add(plotter.NewGrid())
+	p.Legend.Top = true
+	p.Legend.TextStyle.Font.Size = vg.Points(8)
+	p.X.Tick.Marker = markTicks(marks)
+	for _, l := range lines {
+		i := style[l.label]
+		col := okabeIto[i%len(okabeIto)]
+		dash := dashes[(i/len(okabeIto))%len(dashes)]
+		if nLabels <= len(dashes) {
+			dash = dashes[i]
+		}
+		lp, err := plotter.NewLine(l.pts)
+		if err != nil {
+			return nil, err
+		}
+		lp.Color, lp.Width, lp.Dashes = col, vg.Points(1.5), dash
+		sc, err := plotter.NewScatter(l.pts)
+		if err != nil {
+			return nil, err
+		}
+		sc.GlyphStyle = draw.GlyphStyle{Color: col, Radius: vg.Points(2.5), Shape: glyphs[i%len(glyphs)]}
+		if !pd.logY {
+			eb, err := plotter.NewYErrorBars(struct {
+				plotter.XYs
+				plotter.YErrors
+			}{l.pts, l.errs})
+			if err == nil {
+				eb.Color = col
+				p.Add(eb)
 			}
 		}
-		p.Title.TextStyle.Font.Size = vg.Points(10)
-		p.X.Label.Text = "mark (done so far)"
-		p.Y.Label.Text = fmt.Sprintf("%s (%s)", metric, unit)
-		p.X.Min, p.X.Max = minX, maxX
-		p.Y.Min, p.Y.Max = minY, maxY
-		if logY {
-			p.Y.Scale = plot.LogScale{}
-			p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-			p.Y.Label.Text += ", log scale"
-		}
-		p.Add(plotter.NewGrid())
-		p.Legend.Top = true
-		p.Legend.TextStyle.Font.Size = vg.Points(8)
-		p.X.Tick.Marker = markTicks(marks)
-		for _, l := range ls {
-			i := style[l.label]
-			col := okabeIto[i%len(okabeIto)]
-			dash := dashes[(i/len(okabeIto))%len(dashes)]
-			if len(labels) <= len(dashes) {
-				dash = dashes[i] // few lines: dashes differ too
-			}
-			lp, err := plotter.NewLine(l.pts)
-			if err != nil {
-				return err
-			}
-			lp.Color, lp.Width, lp.Dashes = col, vg.Points(1.5), dash
-			sc, err := plotter.NewScatter(l.pts)
-			if err != nil {
-				return err
-			}
-			sc.GlyphStyle = draw.GlyphStyle{Color: col, Radius: vg.Points(2.5), Shape: glyphs[i%len(glyphs)]}
-			if !logY {
-				eb, err := plotter.NewYErrorBars(struct {
-					plotter.XYs
-					plotter.YErrors
-				}{l.pts, l.errs})
-				if err == nil {
-					eb.Color = col
-					p.Add(eb)
-				}
-			}
-			p.Add(lp, sc)
-			p.Legend.Add(l.label, lp, sc)
-		}
-		grid[k/cols][k%cols] = p
+		p.Add(lp, sc)
+		p.Legend.Add(l.label, lp, sc)
 	}
+	return p, nil
+}
+
+// drawGrid renders the panels as tiles of one canvas in format.
+func drawGrid(w io.Writer, grid [][]*plot.Plot, rows, cols int, format string) error {
 	width := vg.Length(cols) * 4.2 * vg.Inch
 	height := vg.Length(rows) * 3.2 * vg.Inch
 	c, err := draw.NewFormattedCanvas(width, height, format)

@@ -250,10 +250,15 @@ func buildInitramfs(o Options, release string) (string, []string, error) {
 	job := o.Job
 	job.Modules = nil
 	for _, m := range mods {
-		dst := "/modules/" + filepath.Base(m)
-		if err := copyIn(m, dst); err != nil {
+		// Compressed modules go in as plain ELF (finit_module without
+		// flags), under their plain name.
+		b, err := readModule(m)
+		if err != nil {
 			return "", nil, err
 		}
+		dst := "/modules/" + moduleName(filepath.Base(m)) + ".ko"
+		files = append(files, File{Name: strings.TrimPrefix(dst, "/"), Mode: 0o644, Data: b})
+		addDirs(dst)
 		job.Modules = append(job.Modules, dst)
 	}
 	// The kernel's config, where it lies beside the image (as Debian's

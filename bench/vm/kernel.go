@@ -71,10 +71,9 @@ func moduleFiles(dir, release string, names []string) (files []string, missing [
 		}
 		mod := line[:i]
 		deps[mod] = strings.Fields(line[i+1:])
-		name := strings.TrimSuffix(filepath.Base(mod), ".ko")
-		name = strings.TrimSuffix(name, ".ko.xz")
-		name = strings.TrimSuffix(name, ".ko.zst")
-		byName[strings.ReplaceAll(name, "-", "_")] = mod
+		if name := moduleName(filepath.Base(mod)); name != "" {
+			byName[strings.ReplaceAll(name, "-", "_")] = mod
+		}
 	}
 	seen := map[string]bool{}
 	var visit func(mod string)
@@ -126,8 +125,8 @@ func withLibraries(path string) ([]string, error) {
 func modulesFromModinfo(base string, names []string) (files []string, missing []string, err error) {
 	byName := map[string]string{}
 	filepath.WalkDir(base, func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".ko") {
-			byName[strings.ReplaceAll(strings.TrimSuffix(d.Name(), ".ko"), "-", "_")] = p
+		if name := moduleName(d.Name()); err == nil && !d.IsDir() && name != "" {
+			byName[strings.ReplaceAll(name, "-", "_")] = p
 		}
 		return nil
 	})
@@ -159,7 +158,11 @@ func modulesFromModinfo(base string, names []string) (files []string, missing []
 
 // modinfoDepends reads "depends=" from a module's .modinfo section.
 func modinfoDepends(path string) []string {
-	f, err := elf.Open(path)
+	b, err := readModule(path)
+	if err != nil {
+		return nil
+	}
+	f, err := elf.NewFile(bytes.NewReader(b))
 	if err != nil {
 		return nil
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -99,7 +100,7 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 				}
 			}
 			if kernels != "" {
-				return benchInVMs(cmd.Context(), g, s, o, vmOpts, splitList(kernels), func(run *bench.Run, err error) error {
+				return benchOnKernels(cmd.Context(), g, s, o, vmOpts, splitList(kernels), func(run *bench.Run, err error) error {
 					return emitRun(g, s.Name, run, err, noStore, db, output, seedTable)
 				})
 			}
@@ -119,7 +120,7 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&kernels, "kernel", "", "run the scenario on these kernels (bzImage files, comma-separated), each booted in a VM, instead of this one")
+	f.StringVar(&kernels, "kernel", "", "run the scenario on these kernels, comma-separated: host (this machine's, natively) and kernel images (bzImage), each booted in a VM; two or more make one run with the kernels as columns")
 	f.StringVar(&vmOpts.Accel, "accel", "auto", "VM accelerator: auto (KVM when it can boot a standard kernel, else TCG, and says why), kvm, tcg")
 	f.IntVar(&vmOpts.CPUs, "vm-cpus", 2, "CPUs of each VM")
 	f.StringVar(&vmOpts.Mem, "vm-mem", "4G", "memory of each VM")
@@ -256,7 +257,8 @@ func benchShow(g *globals, db *string) *cobra.Command {
 }
 
 func benchCompare(g *globals, db *string) *cobra.Command {
-	return &cobra.Command{
+	var allowMixed bool
+	cmd := &cobra.Command{
 		Use:   "compare A B",
 		Short: "Compare two runs metric by metric (Welch t-test and Mann-Whitney U test)",
 		Long: `compare matches the samples of two runs (stored run ids, or files written with
@@ -264,7 +266,12 @@ func benchCompare(g *globals, db *string) *cobra.Command {
 SD of A and B, the change, the 95% confidence interval of the difference
 (Welch), the p-values of Welch's t-test and of the Mann-Whitney U test (which
 assumes no normal distribution), and a verdict at alpha 0.05 (Welch decides
-below 5 runs a side, the U test from 5 on). Use --runs 3 or more.`,
+below 5 runs a side, the U test from 5 on). Use --runs 3 or more.
+
+Runs made under different accelerators (natively, in a KVM VM, emulated by
+TCG) are refused unless --allow-mixed: an emulated kernel runs many times
+slower than the same kernel natively, so their difference says nothing
+about the kernels.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			runs, err := loadRuns(*db, args)
@@ -273,6 +280,9 @@ below 5 runs a side, the U test from 5 on). Use --runs 3 or more.`,
 			}
 			if runs[0].Scenario != runs[1].Scenario {
 				return fmt.Errorf("bench compare: %s is %s but %s is %s", runs[0].ID, runs[0].Scenario, runs[1].ID, runs[1].Scenario)
+			}
+			if a, b := accelOf(runs[0]), accelOf(runs[1]); a != b && !allowMixed {
+				return usageError{fmt.Errorf("bench compare: %s ran %s but %s ran %s: an emulated or virtualized kernel is slower for reasons of its own, so the difference would be the accelerator's, not the kernels'; --allow-mixed compares anyway", runs[0].ID, describeAccel(a), runs[1].ID, describeAccel(b))}
 			}
 			cs := report.Compare(runs[0], runs[1])
 			if len(cs) == 0 {
@@ -292,6 +302,29 @@ below 5 runs a side, the U test from 5 on). Use --runs 3 or more.`,
 			return w.Flush()
 		},
 	}
+	cmd.Flags().BoolVar(&allowMixed, "allow-mixed", false, "compare runs made under different accelerators (native, kvm, tcg)")
+	return cmd
+}
+
+// accelOf is how a run's kernel ran: "native" (this machine), "kvm" or
+// "tcg" (a VM), or several joined by "+" for a run over kernels.
+func accelOf(r *bench.Run) string {
+	if a := r.Params["accel"]; a != "" {
+		return a
+	}
+	return "native"
+}
+
+func describeAccel(a string) string {
+	switch a {
+	case "native":
+		return "natively"
+	case "tcg":
+		return "under TCG (emulated)"
+	case "kvm":
+		return "in a KVM VM"
+	}
+	return "on kernels run " + a
 }
 
 func benchPlot(g *globals, db *string) *cobra.Command {
@@ -495,30 +528,66 @@ func emitRun(g *globals, scenario string, run *bench.Run, err error, noStore boo
 	return werr
 }
 
-// benchInVMs runs the scenario on each kernel in a VM of its own; a kernel
-// that fails (panic, no network namespaces, missing module, hang) is
-// reported with its last console lines and the others still run.
-func benchInVMs(ctx context.Context, g *globals, s *bench.Scenario, o bench.Options, vo vm.Options, kernels []string, emit func(*bench.Run, error) error) error {
+// benchOnKernels runs the scenario on each kernel: "host" is this
+// machine's, run natively in this process; any other is a kernel image
+// booted in a VM of its own. A kernel that fails (panic, no network
+// namespaces, missing module, hang) is reported with its last console
+// lines and the others still run. One image alone is emitted as its own
+// run; otherwise the kernels' runs are merged into one whose columns are
+// the kernels (bench.MergeKernels).
+func benchOnKernels(ctx context.Context, g *globals, s *bench.Scenario, o bench.Options, vo vm.Options, kernels []string, emit func(*bench.Run, error) error) error {
+	for _, k := range kernels {
+		if k != "host" {
+			if _, err := os.Stat(k); err != nil {
+				return usageError{fmt.Errorf("bench: --kernel %s: %w (give kernel images, or host for this machine's kernel)", k, err)}
+			}
+		}
+	}
+	var parts []bench.KernelRun
+	var errs []error
 	failed := 0
 	for _, k := range kernels {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		vo := vo
-		vo.Kernel = k
-		vo.Log = func(f string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+f+"\n", a...) }
-		vo.Job = vm.Job{Scenario: s.Name, N: o.N, Mark: o.Mark, Runs: o.Runs, Engines: o.Engines, Variants: o.Variants,
-			Prefix: o.Prefix, Workers: o.Workers,
-			Globals: map[string]int{"idle": bench.IdleMountNamespaces, "namespaces": bench.UeventNamespaces, "limit": bench.ChurnLimit}}
-		run, err := vm.Boot(ctx, vo)
+		var run *bench.Run
+		var err error
+		var accel string
+		if k == "host" {
+			run, err = bench.Execute(ctx, s, o)
+			accel = "native"
+		} else {
+			vo := vo
+			vo.Kernel = k
+			vo.Log = func(f string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+f+"\n", a...) }
+			vo.Job = vm.Job{Scenario: s.Name, N: o.N, Mark: o.Mark, Runs: o.Runs, Engines: o.Engines, Variants: o.Variants,
+				Prefix: o.Prefix, Workers: o.Workers,
+				Globals: map[string]int{"idle": bench.IdleMountNamespaces, "namespaces": bench.UeventNamespaces, "limit": bench.ChurnLimit}}
+			run, err = vm.Boot(ctx, vo)
+			if run != nil {
+				accel = run.Params["accel"]
+			}
+		}
 		if run == nil {
 			fmt.Fprintf(g.stderr, "nsfleet: bench: kernel %s: %v\n", k, err)
 			failed++
 			continue
 		}
-		if e := emit(run, err); e != nil {
-			failed++
+		if err != nil {
+			errs = append(errs, fmt.Errorf("kernel %s: %w", k, err))
 		}
+		parts = append(parts, bench.KernelRun{Release: run.Env.KernelRelease(), Accel: accel, Run: run})
+	}
+	var err error
+	switch {
+	case len(parts) == 0:
+	case len(kernels) == 1 && kernels[0] != "host":
+		err = emit(parts[0].Run, errors.Join(errs...))
+	default:
+		err = emit(bench.MergeKernels(parts, bench.CaptureEnv(o.RunDir)), errors.Join(errs...))
+	}
+	if err != nil && failed == 0 {
+		return err
 	}
 	if failed > 0 {
 		return &exitError{code: ExitFailed, err: fmt.Errorf("bench: %d of %d kernels failed", failed, len(kernels))}

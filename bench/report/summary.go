@@ -1,0 +1,127 @@
+package report
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/nsfleet/nsfleet/bench"
+)
+
+// Finding is one line of a report's summary: within one panel (the
+// configuration after its first key: a variant, or engine and variant
+// when kernels are compared), which of the first key's values (the
+// engines, or the kernels) is best on a metric over a range of marks, by
+// how much over the runner-up and the worst, and whether the statistics
+// back it.
+type Finding struct {
+	Scenario, Metric, Unit, Better string
+	Panel                          string // "variant=add"; "" when there is none
+	Marks                          string // "250-1000", or "" for a metric without marks
+	Best, RunnerUp, Worst          string // the first key's values ("engine=native")
+	Factor                         float64
+	WorstFactor                    float64 // how many times better Best is than Worst
+	Verdict                        string  // Best against RunnerUp, over the repetitions
+}
+
+// Findings summarizes the runs: a Finding per metric (not the per-step times) and
+// panel where at least two configurations compete.
+func Findings(runs []*bench.Run) []Finding {
+	var out []Finding
+	for _, r := range runs {
+		out = append(out, findings(r)...)
+	}
+	return out
+}
+
+func findings(r *bench.Run) []Finding {
+	type key struct{ metric, config string }
+	perRep := map[key]map[int][]float64{}
+	marks := map[string][2]int{}
+	var metrics []string
+	units, better := map[string]string{}, map[string]string{}
+	var configs = map[string][]string{}
+	for _, x := range r.Samples {
+		if strings.HasPrefix(x.Metric, "step ") || x.Better == "" {
+			continue
+		}
+		if _, ok := units[x.Metric]; !ok {
+			metrics = append(metrics, x.Metric)
+			units[x.Metric], better[x.Metric] = x.Unit, x.Better
+			marks[x.Metric] = [2]int{x.Mark, x.Mark}
+		}
+		mr := marks[x.Metric]
+		marks[x.Metric] = [2]int{min(mr[0], x.Mark), max(mr[1], x.Mark)}
+		k := key{x.Metric, bench.ConfigKey(x.Config, r.Keys)}
+		if perRep[k] == nil {
+			perRep[k] = map[int][]float64{}
+			configs[x.Metric] = append(configs[x.Metric], k.config)
+		}
+		perRep[k][x.Rep] = append(perRep[k][x.Rep], x.Value)
+	}
+	var out []Finding
+	for _, m := range metrics {
+		panels := map[string][]string{}
+		var order []string
+		for _, c := range configs[m] {
+			panel, _ := splitConfig(c, r.Keys)
+			if _, ok := panels[panel]; !ok {
+				order = append(order, panel)
+			}
+			panels[panel] = append(panels[panel], c)
+		}
+		for _, panel := range order {
+			cs := panels[panel]
+			if len(cs) < 2 {
+				continue
+			}
+			// Each configuration's value per repetition: the mean over the
+			// marks, so that a repetition is one observation.
+			reps := map[string][]float64{}
+			for _, c := range cs {
+				var keys []int
+				for rep := range perRep[key{m, c}] {
+					keys = append(keys, rep)
+				}
+				sort.Ints(keys)
+				for _, rep := range keys {
+					reps[c] = append(reps[c], Summarize(perRep[key{m, c}][rep]).Mean)
+				}
+			}
+			sort.SliceStable(cs, func(i, j int) bool {
+				a, b := Summarize(reps[cs[i]]).Mean, Summarize(reps[cs[j]]).Mean
+				if better[m] == "lower" {
+					return a < b
+				}
+				return a > b
+			})
+			best, second, worst := cs[0], cs[1], cs[len(cs)-1]
+			f := Finding{Scenario: r.Scenario, Metric: m, Unit: units[m], Better: better[m], Panel: panel,
+				Best: firstKey(best), RunnerUp: firstKey(second), Worst: firstKey(worst)}
+			if mr := marks[m]; mr[1] > 0 {
+				f.Marks = fmt.Sprintf("%d-%d", mr[0], mr[1])
+			}
+			f.Factor = ratio(Summarize(reps[best]).Mean, Summarize(reps[second]).Mean, better[m])
+			f.WorstFactor = ratio(Summarize(reps[best]).Mean, Summarize(reps[worst]).Mean, better[m])
+			f.Verdict = compareOne(m, "", units[m], better[m], 0, reps[second], reps[best]).Verdict
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// ratio is how many times better a is than b.
+func ratio(a, b float64, better string) float64 {
+	if better == "lower" {
+		a, b = b, a
+	}
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func firstKey(config string) string {
+	first, _, _ := strings.Cut(config, "/")
+	return first
+}
