@@ -280,9 +280,17 @@ func buildInitramfs(o Options, release string) (string, []string, error) {
 	for d := range dirs {
 		files = append(files, File{Name: d, Mode: 0o755, Dir: true})
 	}
+	path, err := cacheInitramfs(files)
+	return path, missing, err
+}
+
+// cacheInitramfs writes files as a gzipped cpio archive under the user's
+// cache directory, named by its content, and returns its path (at once
+// when that content is cached already).
+func cacheInitramfs(files []File) (string, error) {
 	var raw bytes.Buffer
 	if err := writeCpio(&raw, files); err != nil {
-		return "", nil, err
+		return "", err
 	}
 	sum := sha256.Sum256(raw.Bytes())
 	cache, err := os.UserCacheDir()
@@ -291,11 +299,11 @@ func buildInitramfs(o Options, release string) (string, []string, error) {
 	}
 	dir := filepath.Join(cache, "nsfleet", "initramfs")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", nil, err
+		return "", err
 	}
 	path := filepath.Join(dir, hex.EncodeToString(sum[:8])+".cpio.gz")
 	if _, err := os.Stat(path); err == nil {
-		return path, missing, nil
+		return path, nil
 	}
 	var gz bytes.Buffer
 	zw, _ := gzip.NewWriterLevel(&gz, gzip.BestSpeed)
@@ -303,7 +311,7 @@ func buildInitramfs(o Options, release string) (string, []string, error) {
 	zw.Close()
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, gz.Bytes(), 0o644); err != nil {
-		return "", nil, err
+		return "", err
 	}
-	return path, missing, os.Rename(tmp, path)
+	return path, os.Rename(tmp, path)
 }

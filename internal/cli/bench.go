@@ -22,12 +22,8 @@ import (
 )
 
 func newBench(g *globals) *cobra.Command {
-	var o bench.Options
-	var engines, variants, output, db string
-	var noStore, seedTable bool
-	var benchRunDir, profileDir, progressMode, kernels string
-	var vmOpts vm.Options
-	var idle, listeners, limit int
+	bf := &benchFlags{}
+	o := &bf.o
 	cmd := &cobra.Command{
 		Use:   "bench SCENARIO [flags] | bench list | bench compare A B | bench plot RUN... | bench report RUN...",
 		Short: "The scalability lab: reproduce the kernel threads' workloads and compare methods",
@@ -60,15 +56,15 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 			if err != nil {
 				return usageError{err}
 			}
-			switch output {
+			switch bf.output {
 			case "table", "json", "csv", "benchfmt":
 			default:
-				return usageError{fmt.Errorf("bench: -o %q: want table, json, csv or benchfmt", output)}
+				return usageError{fmt.Errorf("bench: -o %q: want table, json, csv or benchfmt", bf.output)}
 			}
-			o.Engines, o.Variants = splitList(engines), splitList(variants)
-			o.RunDir, o.Log, o.Workers = benchRunDir, g.log, g.workers
-			bench.IdleMountNamespaces, bench.UeventNamespaces, bench.ChurnLimit = idle, listeners, limit
-			if idle < 0 || listeners < 1 || limit < 2 {
+			o.Engines, o.Variants = splitList(bf.engines), splitList(bf.variants)
+			o.RunDir, o.Log, o.Workers = bf.benchRunDir, g.log, g.workers
+			bench.IdleMountNamespaces, bench.UeventNamespaces, bench.ChurnLimit = bf.idle, bf.listeners, bf.limit
+			if bf.idle < 0 || bf.listeners < 1 || bf.limit < 2 {
 				return usageError{fmt.Errorf("bench: --idle >= 0, --namespaces >= 1, --limit >= 2")}
 			}
 			if !g.verbose {
@@ -76,7 +72,7 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 				// goes wrong (-v: every run too).
 				o.Log = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			}
-			prof, err := startProfile(profileDir)
+			prof, err := startProfile(bf.profileDir)
 			if err != nil {
 				return err
 			}
@@ -92,19 +88,19 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 						prog.finish()
 					}
 					current = key
-					prog = newProgress(g.stderr, fmt.Sprintf("bench %s %s run %d/%d", s.Name, config, rep+1, runs), total, progressMode)
+					prog = newProgress(g.stderr, fmt.Sprintf("bench %s %s run %d/%d", s.Name, config, rep+1, runs), total, bf.progressMode)
 				}
 				prog.set(done, total)
 				if prof != nil {
 					prof.mark(marks.add(config, rep, done, total))
 				}
 			}
-			if kernels != "" {
-				return benchOnKernels(cmd.Context(), g, s, o, vmOpts, splitList(kernels), func(run *bench.Run, err error) error {
-					return emitRun(g, s.Name, run, err, noStore, db, output, seedTable)
+			if bf.kernels != "" {
+				return benchOnKernels(cmd.Context(), g, s, *o, bf.vmOpts, splitList(bf.kernels), func(run *bench.Run, err error) error {
+					return emitRun(g, s.Name, run, err, bf.noStore, bf.db, bf.output, bf.seedTable)
 				})
 			}
-			run, err := bench.Execute(cmd.Context(), s, o)
+			run, err := bench.Execute(cmd.Context(), s, *o)
 			if prog != nil {
 				prog.finish()
 			}
@@ -116,34 +112,49 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 					marks.growth(g.stderr, r, run)
 				}
 			}
-			return emitRun(g, s.Name, run, err, noStore, db, output, seedTable)
+			return emitRun(g, s.Name, run, err, bf.noStore, bf.db, bf.output, bf.seedTable)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&kernels, "kernel", "", "run the scenario on these kernels, comma-separated: host (this machine's, natively) and kernel images (bzImage), each booted in a VM; two or more make one run with the kernels as columns")
-	f.StringVar(&vmOpts.Accel, "accel", "auto", "VM accelerator: auto (KVM when it can boot a standard kernel, else TCG, and says why), kvm, tcg")
-	f.IntVar(&vmOpts.CPUs, "vm-cpus", 2, "CPUs of each VM")
-	f.StringVar(&vmOpts.Mem, "vm-mem", "4G", "memory of each VM")
-	f.StringVar(&vmOpts.Modules, "modules", "", "the kernels' modules tree, holding lib/modules/RELEASE (default: this machine's /lib/modules)")
-	f.StringVar(&vmOpts.Cmdline, "kernel-cmdline", "", "extra kernel arguments, e.g. rcu_nocbs=0-1 rcupdate.rcu_expedited=1")
-	f.DurationVar(&vmOpts.Timeout, "vm-timeout", 10*time.Minute, "longest a VM may take to boot and run")
-	f.StringVar(&progressMode, "progress", "auto", "progress display: auto (a bar per configuration and run with rate and ETA on a terminal, plain lines otherwise), bar, plain, none")
-	f.BoolVar(&seedTable, "seed-table", false, "print the source thread's published table beside this machine's figures, in the thread's shape")
-	f.StringVar(&profileDir, "profile", "", "sample kernel and nsfleet stacks into DIR, one range per mark: pprof profile, flame graphs, kernel functions whose share grows with N")
-	f.IntVarP(&o.N, "n", "n", 0, "how many (routers, pairs, iterations); 0: the scenario's default")
-	f.IntVar(&o.Mark, "mark", 0, "a mark every M; 0: the scenario's default")
-	f.IntVar(&o.Runs, "runs", 1, "repeat each configuration K times, each from a fresh state")
-	f.StringVar(&engines, "engines", "", "comma-separated engines (default: all the scenario knows)")
-	f.StringVar(&variants, "variants", "", "comma-separated variants (default: all)")
-	f.StringVarP(&output, "output", "o", "table", "table, json, csv or benchfmt")
-	f.StringVar(&benchRunDir, "bench-run-dir", "", "run dir for the native engine (default: a temporary one)")
-	f.BoolVar(&noStore, "no-store", false, "do not store the run")
-	f.IntVar(&idle, "idle", bench.IdleMountNamespaces, "mount-propagation: idle mount namespaces held open (M)")
-	f.IntVar(&listeners, "namespaces", bench.UeventNamespaces, "uevent: namespaces with (or without) a listener (K)")
-	f.IntVar(&limit, "limit", bench.ChurnLimit, "churn: user.max_<type>_namespaces inside its user namespace")
-	cmd.PersistentFlags().StringVar(&db, "db", results.DefaultDB(), "results database (SQLite)")
-	cmd.AddCommand(benchList(&db), benchShow(g, &db), benchCompare(g, &db), benchPlot(g, &db), benchReport(g, &db))
+	bf.register(cmd)
+	cmd.PersistentFlags().StringVar(&bf.db, "db", results.DefaultDB(), "results database (SQLite)")
+	cmd.AddCommand(benchList(&bf.db), benchShow(g, &bf.db), benchCompare(g, &bf.db), benchPlot(g, &bf.db), benchReport(g, &bf.db))
 	return cmd
+}
+
+// benchFlags are bench's flags (the scenario run's; the subcommands have
+// their own).
+type benchFlags struct {
+	o                                              bench.Options
+	engines, variants, output, db                  string
+	noStore, seedTable                             bool
+	benchRunDir, profileDir, progressMode, kernels string
+	vmOpts                                         vm.Options
+	idle, listeners, limit                         int
+}
+
+func (bf *benchFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&bf.kernels, "kernel", "", "run the scenario on these kernels, comma-separated: host (this machine's, natively) and kernel images (bzImage), each booted in a VM; two or more make one run with the kernels as columns")
+	f.StringVar(&bf.vmOpts.Accel, "accel", "auto", "VM accelerator: auto (KVM when it can boot a standard kernel, else TCG, and says why), kvm, tcg")
+	f.IntVar(&bf.vmOpts.CPUs, "vm-cpus", 2, "CPUs of each VM")
+	f.StringVar(&bf.vmOpts.Mem, "vm-mem", "4G", "memory of each VM")
+	f.StringVar(&bf.vmOpts.Modules, "modules", "", "the kernels' modules tree, holding lib/modules/RELEASE (default: this machine's /lib/modules)")
+	f.StringVar(&bf.vmOpts.Cmdline, "kernel-cmdline", "", "extra kernel arguments, e.g. rcu_nocbs=0-1 rcupdate.rcu_expedited=1")
+	f.DurationVar(&bf.vmOpts.Timeout, "vm-timeout", 10*time.Minute, "longest a VM may take to boot and run")
+	f.StringVar(&bf.progressMode, "progress", "auto", "progress display: auto (a bar per configuration and run with rate and ETA on a terminal, plain lines otherwise), bar, plain, none")
+	f.BoolVar(&bf.seedTable, "seed-table", false, "print the source thread's published table beside this machine's figures, in the thread's shape")
+	f.StringVar(&bf.profileDir, "profile", "", "sample kernel and nsfleet stacks into DIR, one range per mark: pprof profile, flame graphs, kernel functions whose share grows with N")
+	f.IntVarP(&bf.o.N, "n", "n", 0, "how many (routers, pairs, iterations); 0: the scenario's default")
+	f.IntVar(&bf.o.Mark, "mark", 0, "a mark every M; 0: the scenario's default")
+	f.IntVar(&bf.o.Runs, "runs", 1, "repeat each configuration K times, each from a fresh state")
+	f.StringVar(&bf.engines, "engines", "", "comma-separated engines (default: all the scenario knows)")
+	f.StringVar(&bf.variants, "variants", "", "comma-separated variants (default: all)")
+	f.StringVarP(&bf.output, "output", "o", "table", "table, json, csv or benchfmt")
+	f.StringVar(&bf.benchRunDir, "bench-run-dir", "", "run dir for the native engine (default: a temporary one)")
+	f.BoolVar(&bf.noStore, "no-store", false, "do not store the run")
+	f.IntVar(&bf.idle, "idle", bench.IdleMountNamespaces, "mount-propagation: idle mount namespaces held open (M)")
+	f.IntVar(&bf.listeners, "namespaces", bench.UeventNamespaces, "uevent: namespaces with (or without) a listener (K)")
+	f.IntVar(&bf.limit, "limit", bench.ChurnLimit, "churn: user.max_<type>_namespaces inside its user namespace")
 }
 
 func scenarioList() string {
