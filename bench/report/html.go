@@ -22,6 +22,7 @@ caption { text-align: left; font-weight: 600; padding: 0.3em 0; }
 td, th { border: 1px solid #ddd; padding: 0.25em 0.5em; vertical-align: top; overflow-wrap: anywhere; }
 th { background: #f4f4f4; text-align: left; }
 td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.k, table.summary td, table.summary th { overflow-wrap: normal; }
 tr.best td { background: #eef7ee; }
 .verdict { color: #555; }
 figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
@@ -30,10 +31,10 @@ ul.notes { font-size: 0.9em; color: #444; }
 <h1>nsfleet bench report</h1>
 {{with .Summary}}
 <h2>Summary</h2>
-<table>
+<table class="summary">
 <caption>Which engine or kernel is best, per scenario, metric and variant, over the marks given (each repetition's mean over the marks is one observation)</caption>
-<tr><th>scenario</th><th>metric</th><th>variant</th><th class="n">marks</th><th>best</th><th class="n">× runner-up</th><th>runner-up</th><th class="n">× worst</th><th>worst</th><th>statistics (best against runner-up)</th></tr>
-{{range .}}<tr><td>{{.Scenario}}</td><td>{{.Metric}} ({{.Unit}}, {{.Better}} is better)</td><td>{{.Panel}}</td><td class="n">{{.Marks}}</td><td><b>{{.Best}}</b></td><td class="n">{{printf "%.2f" .Factor}}</td><td>{{.RunnerUp}}</td><td class="n">{{printf "%.2f" .WorstFactor}}</td><td>{{.Worst}}</td><td class="verdict">{{.Verdict}}</td></tr>
+<tr><th>scenario</th><th>metric</th><th>configuration</th><th class="n">marks</th><th>best</th><th class="n">× runner-up</th><th>runner-up</th><th class="n">× worst</th><th>worst</th><th>statistics (best against runner-up)</th></tr>
+{{range .}}<tr><td>{{.Scenario}}</td><td>{{.Metric}} ({{.Unit}}, {{.Better}} is better)</td><td>{{.Panel}}</td><td class="n">{{.Marks}}</td><td class="k"><b>{{.Key}} {{.Best}}</b></td><td class="n">{{printf "%.2f" .Factor}}</td><td class="k">{{.RunnerUp}}</td><td class="n">{{printf "%.2f" .WorstFactor}}</td><td class="k">{{.Worst}}</td><td class="verdict">{{.Verdict}}</td></tr>
 {{end}}</table>
 {{end}}
 {{range .Pages}}

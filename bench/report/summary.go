@@ -18,7 +18,8 @@ type Finding struct {
 	Scenario, Metric, Unit, Better string
 	Panel                          string // "variant=add"; "" when there is none
 	Marks                          string // "250-1000", or "" for a metric without marks
-	Best, RunnerUp, Worst          string // the first key's values ("engine=native")
+	Key                            string // the first key: "engine", or "kernel"
+	Best, RunnerUp, Worst          string // its values ("native")
 	Factor                         float64
 	WorstFactor                    float64 // how many times better Best is than Worst
 	Verdict                        string  // Best against RunnerUp, over the repetitions
@@ -97,7 +98,7 @@ func findings(r *bench.Run) []Finding {
 			})
 			best, second, worst := cs[0], cs[1], cs[len(cs)-1]
 			f := Finding{Scenario: r.Scenario, Metric: m, Unit: units[m], Better: better[m], Panel: panel,
-				Best: firstKey(best), RunnerUp: firstKey(second), Worst: firstKey(worst)}
+				Key: r.Keys[0], Best: firstValue(best), RunnerUp: firstValue(second), Worst: firstValue(worst)}
 			if mr := marks[m]; mr[1] > 0 {
 				f.Marks = fmt.Sprintf("%d-%d", mr[0], mr[1])
 			}
@@ -121,7 +122,10 @@ func ratio(a, b float64, better string) float64 {
 	return a / b
 }
 
-func firstKey(config string) string {
+// firstValue is the value of a configuration's first key:
+// "engine=native/variant=add" gives "native".
+func firstValue(config string) string {
 	first, _, _ := strings.Cut(config, "/")
-	return first
+	_, v, _ := strings.Cut(first, "=")
+	return v
 }

@@ -32,7 +32,7 @@ func TestFindings(t *testing.T) {
 		t.Fatalf("%d findings: %+v", len(fs), fs)
 	}
 	f := fs[0]
-	if f.Metric != "rate" || f.Panel != "variant=add" || f.Marks != "100-200" || f.Best != "engine=native" || f.RunnerUp != "engine=netlink" || f.Worst != "engine=iproute2" {
+	if f.Metric != "rate" || f.Panel != "variant=add" || f.Marks != "100-200" || f.Key != "engine" || f.Best != "native" || f.RunnerUp != "netlink" || f.Worst != "iproute2" {
 		t.Errorf("rate finding: %+v", f)
 	}
 	if f.Factor < 1.9 || f.Factor > 2.1 || f.WorstFactor < 9 || f.WorstFactor > 10.5 || !strings.HasPrefix(f.Verdict, "better by") {
@@ -41,7 +41,7 @@ func TestFindings(t *testing.T) {
 	// Lower is better: the fastest down is native's, 2x netlink's; one
 	// repetition only, which the verdict says.
 	d := fs[2]
-	if d.Metric != "down (until freed)" || d.Best != "engine=native" || d.Factor < 1.99 || d.Factor > 2.01 || d.Marks != "" || !strings.Contains(d.Verdict, "too few runs") {
+	if d.Metric != "down (until freed)" || d.Best != "native" || d.Factor < 1.99 || d.Factor > 2.01 || d.Marks != "" || !strings.Contains(d.Verdict, "too few runs") {
 		t.Errorf("down finding: %+v", d)
 	}
 }
