@@ -451,6 +451,15 @@ func (b *benchMarks) growth(w io.Writer, r *kprof.Result, run *bench.Run) {
 			parts = append(parts, fmt.Sprintf("%s %.1f%%->%.1f%%", s.Function, 100*s.First, 100*s.Last))
 		}
 		run.Notes = append(run.Notes, fmt.Sprintf("profile %s run %d, growing kernel functions: %s", k.config, k.rep+1, strings.Join(parts, ", ")))
+		for _, st := range r.StepGrowth(first[k], last[k], kprof.FleetSteps, os.Getpid(), 3) {
+			var grow []string
+			for _, s := range st.Growing {
+				grow = append(grow, fmt.Sprintf("%s %.1f%%->%.1f%%", s.Function, 100*s.First, 100*s.Last))
+			}
+			line := fmt.Sprintf("step %s: %.1f%% -> %.1f%% of all samples; growing most: %s", st.Step, 100*st.First, 100*st.Last, strings.Join(grow, ", "))
+			fmt.Fprintf(w, "  %s\n", line)
+			run.Notes = append(run.Notes, fmt.Sprintf("profile %s run %d, %s", k.config, k.rep+1, line))
+		}
 	}
 }
 
