@@ -122,24 +122,6 @@ func (f failover) once(ctx context.Context, o Options, bin string, cfg map[strin
 		var m map[string][]string
 		return m, json.Unmarshal(out, &m)
 	}
-	// placed reports how many routers are on exactly one node other than
-	// not, and whether any is on two.
-	placed := func(m map[string][]string, not string) (int, bool) {
-		seen := map[string]int{}
-		for node, names := range m {
-			if node == not {
-				continue
-			}
-			for _, n := range names {
-				seen[n]++
-			}
-		}
-		twice := false
-		for _, c := range seen {
-			twice = twice || c > 1
-		}
-		return len(seen), twice
-	}
 	start := time.Now()
 	var before map[string][]string
 	for {
@@ -213,4 +195,23 @@ func (f failover) once(ctx context.Context, o Options, bin string, cfg map[strin
 	add("one-node up of the moved routers", up.Seconds(), "s")
 	add("(failover minus TTL) / one-node up", (took-failoverTTL).Seconds()/up.Seconds(), "x")
 	return nil
+}
+
+// placed reports how many routers are on a node other than not, and
+// whether any is on two.
+func placed(m map[string][]string, not string) (int, bool) {
+	seen := map[string]int{}
+	for node, names := range m {
+		if node == not {
+			continue
+		}
+		for _, n := range names {
+			seen[n]++
+		}
+	}
+	twice := false
+	for _, c := range seen {
+		twice = twice || c > 1
+	}
+	return len(seen), twice
 }

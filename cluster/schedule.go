@@ -188,6 +188,21 @@ func Schedule(s State) Plan {
 	}
 	sort.SliceStable(pool, func(i, j int) bool { return order[pool[i]] < order[pool[j]] })
 
+	elig := place(s, next, pool, &p)
+
+	// Balance, only when nothing is in flight and nothing is held.
+	if len(held) == 0 && len(pool) == 0 && len(elig) > 1 && len(p.Held) == 0 {
+		p.Released += balance(s, next, elig)
+	}
+
+	p.writes(s, next)
+	return p
+}
+
+// place gives each name of pool to the least-loaded eligible node (alive,
+// not cordoned, not frozen) with room that allows it, ties by name, and
+// returns the eligible nodes; names no node can take count as unassigned.
+func place(s State, next map[string]*Assignment, pool []string, p *Plan) []string {
 	// Eligible nodes, least loaded first.
 	var elig []string
 	for _, node := range sortedKeys(s.Nodes) {
@@ -218,14 +233,7 @@ func Schedule(s State) Plan {
 		next[best].Names = append(next[best].Names, name)
 		p.Placed[best]++
 	}
-
-	// Balance, only when nothing is in flight and nothing is held.
-	if len(held) == 0 && len(pool) == 0 && len(elig) > 1 && len(p.Held) == 0 {
-		p.Released += balance(s, next, elig)
-	}
-
-	p.writes(s, next)
-	return p
+	return elig
 }
 
 // allowed reports whether node may hold name: any name, unless the name

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -392,125 +390,6 @@ func (st *State) startAgent(n *NodeInfo) error {
 	return nil
 }
 
-// loadNode loads the sim and one of its nodes; a killed node is an error
-// for every operation but those that accept it.
-func loadNode(dir, node string, killedOK bool) (*State, *NodeInfo, error) {
-	st, err := Load(dir)
-	if err != nil {
-		return nil, nil, err
-	}
-	n, err := st.Node(node)
-	if err != nil {
-		return nil, nil, err
-	}
-	if n.Killed && !killedOK {
-		return nil, nil, fmt.Errorf("%s was killed (power loss); sim add makes a new node", node)
-	}
-	return st, n, nil
-}
-
-// Restart kills a node's agent (SIGKILL, as a crash) and starts a new one
-// in the same node: its namespaces and processes stay. A binary other than
-// "" runs the new agent (and the node's next ones): an upgrade.
-func Restart(dir, node, binary string) error {
-	st, n, err := loadNode(dir, node, false)
-	if err != nil {
-		return err
-	}
-	if binary != "" {
-		abs, err := filepath.Abs(binary)
-		if err != nil {
-			return err
-		}
-		if _, err := os.Stat(abs); err != nil {
-			return fmt.Errorf("sim restart %s: --binary: %w", node, err)
-		}
-		n.Binary = abs
-	}
-	n.Agent.kill(syscall.SIGKILL, 5*time.Second)
-	if err := st.startAgent(n); err != nil {
-		return err
-	}
-	return st.save()
-}
-
-// Kill is power loss: the node's agent and every process in the node are
-// killed, and the node is removed with everything in it.
-func Kill(dir, node string) error {
-	st, n, err := loadNode(dir, node, true)
-	if err != nil {
-		return err
-	}
-	if err := st.removeNode(n); err != nil {
-		return err
-	}
-	n.Killed = true
-	return st.save()
-}
-
-func (st *State) removeNode(n *NodeInfo) error {
-	n.Agent.kill(syscall.SIGKILL, 5*time.Second)
-	killInMountNS(n.MntPin)
-	var errs []error
-	errs = append(errs, netns.UnpinFile(n.MntPin), netns.UnpinFile(n.NetPin))
-	return errors.Join(errs...)
-}
-
-// killInMountNS SIGKILLs every process in the mount namespace pinned at
-// pin: only nsfleet's agent and the processes it started live there.
-func killInMountNS(pin string) {
-	var want unix.Stat_t
-	if unix.Stat(pin, &want) != nil {
-		return
-	}
-	for round := 0; round < 50; round++ {
-		found := 0
-		ents, _ := os.ReadDir("/proc")
-		for _, e := range ents {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil || pid == os.Getpid() {
-				continue
-			}
-			var s unix.Stat_t
-			if unix.Stat("/proc/"+e.Name()+"/ns/mnt", &s) != nil || s.Ino != want.Ino || s.Dev != want.Dev {
-				continue
-			}
-			found++
-			unix.Kill(pid, unix.SIGKILL)
-		}
-		if found == 0 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// Partition cuts the node's path to etcd (its hub link down); the agent
-// keeps running. Heal restores it.
-func Partition(dir, node string) error { return setHubLink(dir, node, false) }
-
-// Heal restores a partitioned node's path to etcd.
-func Heal(dir, node string) error { return setHubLink(dir, node, true) }
-
-func setHubLink(dir, node string, up bool) error {
-	st, n, err := loadNode(dir, node, false)
-	if err != nil {
-		return err
-	}
-	hub, err := netns.OpenPath(st.HubPin)
-	if err != nil {
-		return err
-	}
-	defer hub.Close()
-	return rtnl.Inside(hub, rtnl.OpenLite, func(c *rtnl.Conn) error {
-		l, err := c.LinkByName(fmt.Sprintf("n-%d", n.Index))
-		if err != nil {
-			return fmt.Errorf("%s: hub link: %w", node, err)
-		}
-		return c.SetUp(l.Index, up)
-	})
-}
-
 // Ls lists, per node, the namespaces pinned in its run dir as the kernel
 // shows them (the node's mount table), not as etcd says.
 func Ls(dir string) (map[string][]string, error) {
@@ -603,64 +482,6 @@ func Down(dir string, logf func(string, ...any)) error {
 		os.RemoveAll(filepath.Join(st.Dir, p))
 	}
 	return nil
-}
-
-// Proxy forwards connections accepted on 127.0.0.1 to the etcd members in
-// the hub namespace (the first that answers), until ctx ends.
-func Proxy(ctx context.Context, hubPin, addrFile string, targets []string) error {
-	hub, err := netns.OpenPath(hubPin)
-	if err != nil {
-		return err
-	}
-	defer hub.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-	if err := os.WriteFile(addrFile, []byte(ln.Addr().String()), 0o644); err != nil {
-		return err
-	}
-	go func() { <-ctx.Done(); ln.Close() }()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		go func() {
-			defer c.Close()
-			var up net.Conn
-			for _, t := range targets {
-				t = strings.TrimPrefix(t, "http://")
-				// The socket is made inside the hub; it stays there.
-				netns.Do(hub, func() error {
-					up, err = net.DialTimeout("tcp", t, time.Second)
-					return err
-				})
-				if err == nil {
-					break
-				}
-			}
-			if up == nil {
-				return
-			}
-			defer up.Close()
-			done := make(chan struct{}, 2)
-			go func() { copyConn(up, c); done <- struct{}{} }()
-			go func() { copyConn(c, up); done <- struct{}{} }()
-			<-done
-		}()
-	}
-}
-
-func copyConn(dst, src net.Conn) {
-	io.Copy(dst, src)
-	if tc, ok := dst.(*net.TCPConn); ok {
-		tc.CloseWrite()
-	}
 }
 
 // lastLines returns the end of a log, for an error about to remove it.

@@ -41,15 +41,13 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			if err := needRoot("down"); err != nil {
 				return err
 			}
-			var sel fleet.Selector
+			sel := fleet.Selector{Prefix: prefix}
 			if file != "" {
 				f, err := loadSpec(file)
 				if err != nil {
 					return err
 				}
 				sel.Names = f.Names()
-			} else {
-				sel.Prefix = prefix
 			}
 			rd, lock, err := g.openRunDir(false)
 			if errors.Is(err, os.ErrNotExist) {
@@ -62,44 +60,22 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			defer lock.Unlock()
 			opts := g.options(rd)
 			opts.Adopt, opts.DryRun, opts.Grace = adopt, dryRun, grace
-			var prog *progress
-			waiting := false
 			prof, err := startProfile(profileDir)
 			if err != nil {
 				return err
 			}
 			prof.mark("check")
-			phase := "check"
-			opts.OnProgress = func(ph string, done, total int) {
-				if ph != phase {
-					phase = ph
-					prof.mark(ph)
-				}
-				switch {
-				case ph == "delete":
-					if prog == nil {
-						prog = newProgress(g.stderr, "down: unpin", total, progressMode)
-					}
-					prog.set(done, total)
-				case !waiting && progressMode != "none":
-					// The kernel unregisters a whole batch of devices
-					// under one lock, so there is nothing finer to show.
-					waiting = true
-					if prog != nil {
-						prog.finish()
-					}
-					fmt.Fprintf(g.stderr, "down: waiting for the kernel to free them (%d host veths left)\n", total-done)
-				}
-			}
+			dp := &downProgress{w: g.stderr, mode: progressMode, prof: prof, phase: "check"}
+			opts.OnProgress = dp.on
 			errs := &errorLog{w: g.stderr}
 			opts.OnResult = func(r fleet.Result) {
 				if r.Err != nil {
-					errs.print(prog, r.Err.Error())
+					errs.print(dp.prog, r.Err.Error())
 				}
 			}
 			rep, err := fleet.Down(cmd.Context(), sel, opts, fleet.DownOptions{Wait: !noWait, Timeout: timeout})
-			if prog != nil {
-				prog.finish()
+			if dp.prog != nil {
+				dp.prog.finish()
 			}
 			if perr := prof.finish(g.stderr); perr != nil {
 				fmt.Fprintln(g.stderr, "nsfleet: down: --profile:", perr)
@@ -184,5 +160,38 @@ func releaseRunDir(g *globals, rd *netns.RunDir) {
 		fmt.Fprintln(g.stderr, "nsfleet: down:", err)
 	} else if released {
 		fmt.Fprintf(g.stdout, "down: run dir %s is empty: nsfleet's bind mount on it removed\n", rd.Path)
+	}
+}
+
+// downProgress shows down's phases: a bar while the pins are removed,
+// then one line while the kernel frees them (it unregisters a whole batch
+// of devices under one lock, so there is nothing finer to show); each
+// phase is a range of --profile.
+type downProgress struct {
+	w       io.Writer
+	mode    string
+	prof    *profiling
+	phase   string
+	prog    *progress
+	waiting bool
+}
+
+func (d *downProgress) on(ph string, done, total int) {
+	if ph != d.phase {
+		d.phase = ph
+		d.prof.mark(ph)
+	}
+	switch {
+	case ph == "delete":
+		if d.prog == nil {
+			d.prog = newProgress(d.w, "down: unpin", total, d.mode)
+		}
+		d.prog.set(done, total)
+	case !d.waiting && d.mode != "none":
+		d.waiting = true
+		if d.prog != nil {
+			d.prog.finish()
+		}
+		fmt.Fprintf(d.w, "down: waiting for the kernel to free them (%d host veths left)\n", total-done)
 	}
 }

@@ -46,15 +46,7 @@ summary and exits with code 130; the next up carries on.`,
 			if err != nil {
 				return err
 			}
-			rd, lock, err := g.openRunDir(!dryRun)
-			if dryRun && errors.Is(err, os.ErrNotExist) {
-				// Nothing exists yet: the plan is to create everything.
-				abs, aerr := filepath.Abs(g.runDir)
-				if aerr != nil {
-					return fmt.Errorf("up: %w", aerr)
-				}
-				rd, err = &netns.RunDir{Path: abs}, nil
-			}
+			rd, lock, err := g.openForUp(dryRun)
 			if err != nil {
 				return fmt.Errorf("up: %w", err)
 			}
@@ -102,21 +94,10 @@ summary and exits with code 130; the next up carries on.`,
 					prog.printAbove(fmt.Sprintf("repaired %s: %s", r.Name, strings.Join(r.Fixes, "; ")))
 				}
 			}
-			var phase string
-			var phaseProg *progress
-			opts.OnProgress = func(p string, done, total int) {
-				if p != phase {
-					if phaseProg != nil {
-						phaseProg.finish()
-					}
-					phase, phaseProg = p, newProgress(g.stderr, verb+": "+p, total, progressMode)
-				}
-				phaseProg.set(done, total)
-			}
+			phases := &phaseProgress{w: g.stderr, verb: verb, mode: progressMode}
+			opts.OnProgress = phases.set
 			sum, err := fleet.Up(cmd.Context(), f, opts)
-			if phaseProg != nil {
-				phaseProg.finish()
-			}
+			phases.finish()
 			prog.finish()
 			if perr := prof.finish(g.stderr); perr != nil {
 				fmt.Fprintln(g.stderr, "nsfleet: up: --profile:", perr)
@@ -146,6 +127,45 @@ summary and exits with code 130; the next up carries on.`,
 	cmd.Flags().StringVar(&progressMode, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, plain, none")
 	cmd.Flags().StringVar(&profileDir, "profile", "", "sample kernel and nsfleet stacks (on- and off-CPU) into DIR: pprof profile, flame graphs per mark, top kernel functions")
 	return cmd
+}
+
+// openForUp opens and locks the run dir for up; a dry run where none
+// exists yet plans against an empty one (nothing exists: everything is to
+// be created).
+func (g *globals) openForUp(dryRun bool) (*netns.RunDir, *netns.Lock, error) {
+	rd, lock, err := g.openRunDir(!dryRun)
+	if dryRun && errors.Is(err, os.ErrNotExist) {
+		abs, aerr := filepath.Abs(g.runDir)
+		if aerr != nil {
+			return nil, nil, aerr
+		}
+		return &netns.RunDir{Path: abs}, nil, nil
+	}
+	return rd, lock, err
+}
+
+// phaseProgress shows one progress display per phase of up (namespaces,
+// then links), each replacing the last.
+type phaseProgress struct {
+	w          io.Writer
+	verb, mode string
+	phase      string
+	prog       *progress
+}
+
+func (p *phaseProgress) set(phase string, done, total int) {
+	if phase != p.phase {
+		p.finish()
+		p.phase, p.prog = phase, newProgress(p.w, p.verb+": "+phase, total, p.mode)
+	}
+	p.prog.set(done, total)
+}
+
+func (p *phaseProgress) finish() {
+	if p.prog != nil {
+		p.prog.finish()
+		p.prog = nil
+	}
 }
 
 func printUpSummary(w io.Writer, verb string, s *fleet.Summary) {
