@@ -184,7 +184,7 @@ func (f failover) once(ctx context.Context, o Options, bin string, cfg map[strin
 	}
 	defer cleanupNative(rd, o.Prefix)
 	t := time.Now()
-	sum, err := fleet.Up(ctx, fl, fleet.Options{RunDir: rd, Workers: o.Workers})
+	sum, err := fleet.Up(ctx, fl, fleet.UpOptions{Options: fleet.Options{RunDir: rd, Workers: o.Workers}})
 	if err != nil {
 		return err
 	}

@@ -146,12 +146,12 @@ func upNative(ctx context.Context, o Options, fl *spec.Fleet, cfg map[string]str
 	}
 	steps := &fleet.StepTimes{Mark: o.Mark}
 	done := 0
-	opts := fleet.Options{RunDir: rd, Mark: o.Mark, Steps: steps, Workers: o.Workers, OnResult: func(fleet.Result) {
+	opts := fleet.UpOptions{Mark: o.Mark, Steps: steps, Options: fleet.Options{RunDir: rd, Workers: o.Workers, OnResult: func(fleet.Result) {
 		done++
 		if o.Progress != nil && done%o.Mark == 0 {
 			o.Progress(ConfigKey(cfg, run.Keys), rep, done, o.N)
 		}
-	}}
+	}}}
 	sum, err := fleet.Up(ctx, fl, opts)
 	defer cleanupNative(rd, o.Prefix)
 	if err != nil {
@@ -171,7 +171,7 @@ func upNative(ctx context.Context, o Options, fl *spec.Fleet, cfg map[string]str
 		}
 	}
 	t := time.Now()
-	rep2, err := fleet.Down(ctx, fleet.Selector{Prefix: o.Prefix}, fleet.Options{RunDir: rd}, fleet.DownOptions{Wait: true})
+	rep2, err := fleet.Down(ctx, fleet.Selector{Prefix: o.Prefix}, fleet.DownOptions{Options: fleet.Options{RunDir: rd}, Wait: true})
 	if err == nil && len(rep2.Pending) == 0 {
 		run.Samples = append(run.Samples, Sample{Config: cfg, Metric: "down (until freed)", Unit: "s", Better: "lower", Rep: rep, Value: time.Since(t).Seconds()})
 	}
@@ -179,7 +179,7 @@ func upNative(ctx context.Context, o Options, fl *spec.Fleet, cfg map[string]str
 }
 
 func cleanupNative(rd *netns.RunDir, prefix string) {
-	fleet.Down(context.Background(), fleet.Selector{Prefix: prefix}, fleet.Options{RunDir: rd, Adopt: true}, fleet.DownOptions{Wait: true, Timeout: time.Minute})
+	fleet.Down(context.Background(), fleet.Selector{Prefix: prefix}, fleet.DownOptions{Options: fleet.Options{RunDir: rd, Adopt: true}, Wait: true, Timeout: time.Minute})
 }
 
 // cleanupSystem removes what an external engine made in /run/netns.
@@ -189,7 +189,7 @@ func cleanupSystem(prefix string) {
 		return
 	}
 	// Adopt: ip made them, so they carry no nsfleet mark; the prefix is ours.
-	fleet.Down(context.Background(), fleet.Selector{Prefix: prefix}, fleet.Options{RunDir: rd, Adopt: true}, fleet.DownOptions{Wait: true, Timeout: time.Minute})
+	fleet.Down(context.Background(), fleet.Selector{Prefix: prefix}, fleet.DownOptions{Options: fleet.Options{RunDir: rd, Adopt: true}, Wait: true, Timeout: time.Minute})
 }
 
 // external runs an engine that is another program, timing every mark.

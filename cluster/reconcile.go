@@ -40,12 +40,12 @@ func (e *engine) pins() ([]string, error) { return e.rd.Names() }
 
 func (e *engine) teardown(ctx context.Context, names []string, each func(fleet.Result)) error {
 	opts := fleet.Options{RunDir: e.rd, Workers: e.workers, Log: e.log, OnResult: each}
-	_, err := fleet.Down(ctx, fleet.Selector{Names: names}, opts, fleet.DownOptions{Wait: true, Timeout: 10 * time.Second})
+	_, err := fleet.Down(ctx, fleet.Selector{Names: names}, fleet.DownOptions{Options: opts, Wait: true, Timeout: 10 * time.Second})
 	return err
 }
 
 func (e *engine) up(ctx context.Context, f *spec.Fleet, prev map[string]*spec.Namespace, each func(fleet.Result)) (fleet.Summary, error) {
-	opts := fleet.Options{RunDir: e.rd, Workers: e.workers, Log: e.log, OnResult: each}
+	opts := fleet.UpOptions{Options: fleet.Options{RunDir: e.rd, Workers: e.workers, Log: e.log, OnResult: each}}
 	if len(prev) > 0 {
 		opts.Previous = func(name string) *spec.Namespace { return prev[name] }
 	}

@@ -324,14 +324,14 @@ func TestNeighbourTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts := fleet.Options{RunDir: rd}
-	if s, err := fleet.Up(context.Background(), f, opts); err != nil || s.Err() != nil {
+	if s, err := fleet.Up(context.Background(), f, fleet.UpOptions{Options: opts}); err != nil || s.Err() != nil {
 		t.Fatalf("up: %v %v", err, s.Errors)
 	}
 	r := run(t, rd)
 	if sev, text := worst(r, doctor.CheckNeigh); sev < doctor.Warn {
 		t.Fatalf("neighbour table with %d routers: %v\n%s", routers, sev, text)
 	}
-	if _, err := fleet.Down(context.Background(), fleet.Selector{Prefix: p}, opts, fleet.DownOptions{Wait: true}); err != nil {
+	if _, err := fleet.Down(context.Background(), fleet.Selector{Prefix: p}, fleet.DownOptions{Options: opts, Wait: true}); err != nil {
 		t.Fatal(err)
 	}
 	if sev, _ := worst(before, doctor.CheckNeigh); sev == doctor.OK {

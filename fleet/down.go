@@ -44,8 +44,10 @@ func (s Selector) match(pins []netns.PinInfo) []netns.PinInfo {
 	return out
 }
 
-// DownOptions tune Down beyond Options.
+// DownOptions are Down's.
 type DownOptions struct {
+	Options
+	DryRun bool // say what would be deleted, change nothing
 	// Wait for the kernel to finish: host-side veths gone and namespaces
 	// freed. Timeout bounds how long the wait may go without progress
 	// (0: 60 s): a teardown that keeps freeing never times out, however
@@ -85,7 +87,7 @@ type target struct {
 // teardown is the state one Down call shares between its phases.
 type teardown struct {
 	ctx   context.Context
-	opts  Options
+	opts  DownOptions
 	rd    *netns.RunDir
 	t     *tally
 	host  *rtnl.Conn
@@ -112,8 +114,8 @@ func (td *teardown) fail(name string, a Action, err error) {
 // detach and remove all the pins at once, so the kernel can free them in
 // large batches (it never deletes veths one by one: each would wait for an
 // RCU grace period); then, with Wait, wait until the kernel has finished.
-func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (DownReport, error) {
-	opts = opts.withDefaults()
+func Down(ctx context.Context, sel Selector, opts DownOptions) (DownReport, error) {
+	opts.Options = opts.Options.withDefaults()
 	rd := opts.RunDir
 	// The host's links are read while the run dir is (see List).
 	table := make(chan *rtnl.LinkTable, 1)
@@ -144,7 +146,7 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 	}
 	defer snap.close()
 	snap.links = <-table
-	td := &teardown{ctx: ctx, opts: opts, rd: rd, host: host, snap: snap, t: newTally(len(pins), opts.Mark, opts.OnResult)}
+	td := &teardown{ctx: ctx, opts: opts, rd: rd, host: host, snap: snap, t: newTally(len(pins), 0, opts.OnResult)}
 	targets, err := td.check(pins)
 	if err != nil {
 		return DownReport{}, fmt.Errorf("down: %w", err)
@@ -152,7 +154,7 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 	// The sentinels that will prove the kernel finished are made now, so
 	// that releasing them right after the last unpin costs nothing.
 	var sents []*sentinel
-	if dopts.Wait && !opts.DryRun {
+	if opts.Wait && !opts.DryRun {
 		for k := 0; k < 2; k++ {
 			sn, err := newSentinel(host, k)
 			if err != nil {
@@ -174,8 +176,8 @@ func Down(ctx context.Context, sel Selector, opts Options, dopts DownOptions) (D
 	var rep DownReport
 	rep.StaleRemove = int(td.stale.Load())
 	rep.Unpinned = time.Since(td.t.start)
-	if dopts.Wait && !opts.DryRun && ctx.Err() == nil {
-		td.wait(live, sents, dopts.Timeout, &rep)
+	if opts.Wait && !opts.DryRun && ctx.Err() == nil {
+		td.wait(live, sents, opts.Timeout, &rep)
 	}
 	rep.Summary = td.t.finish(ctx.Err() != nil)
 	return rep, nil

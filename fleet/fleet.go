@@ -35,38 +35,50 @@ func DefaultWorkers() int { return runtime.NumCPU() }
 // DefaultMark is the interval of the throughput marks (the 2014 thread's).
 const DefaultMark = 250
 
-// Options configure Up, Down and List. The zero value means the defaults,
-// except RunDir, which is required.
+// Options are what Up, Down and List share; each takes them embedded in
+// its own (UpOptions, DownOptions, ListOptions). The zero value means the
+// defaults, except RunDir, which is required.
 type Options struct {
 	RunDir  *netns.RunDir
-	Workers int  // 0: DefaultWorkers()
-	Adopt   bool // take over matching namespaces nsfleet did not make
-	DryRun  bool // Up: plan only
-	// PinsOnly makes List report what the run dir shows (names, pins,
-	// inodes) without entering any namespace: what an unprivileged user
-	// can read.
-	PinsOnly bool
-	Mark     int          // throughput mark interval; 0: DefaultMark
-	Log      *slog.Logger // step-level log; nil: discard
+	Workers int          // 0: DefaultWorkers()
+	Adopt   bool         // take over matching namespaces nsfleet did not make
+	Log     *slog.Logger // step-level log; nil: discard
 	// Store keeps the records and logs of supervised processes; nil means
 	// proc.StoreFor(RunDir).
 	Store *proc.Store
-	// Grace is how long down waits after SIGTERM before SIGKILL; 0: 10 s.
+	// Grace is how long a supervised process gets after SIGTERM before
+	// SIGKILL, when down removes it or up stops one its spec dropped; 0: 10 s.
 	Grace time.Duration
 	// OnProgress, if set, is told how far a long phase has come (Down:
 	// "delete" per namespace, "wait" per host veth gone; Up: "links" per
 	// link). It is called from one goroutine at a time.
 	OnProgress func(phase string, done, total int)
-	// Steps, if set, receives the time of each creation step (Up only).
-	Steps *StepTimes
 	// OnResult, if set, is called once per namespace as it is finished,
 	// from one goroutine at a time.
 	OnResult func(Result)
+}
+
+// UpOptions are Up's.
+type UpOptions struct {
+	Options
+	DryRun bool // plan only
+	Mark   int  // throughput mark interval; 0: DefaultMark
+	// Steps, if set, receives the time of each creation step.
+	Steps *StepTimes
 	// Previous, if set, says what a namespace was last made to match
 	// (nil: unknown). Up then also takes away what that spec asked and
 	// the new one does not (see Prune): the cluster's agent knows it; a
 	// one-node `up` does not, and only adds and repairs.
 	Previous func(name string) *spec.Namespace
+}
+
+// ListOptions are List's.
+type ListOptions struct {
+	Options
+	// PinsOnly makes List report what the run dir shows (names, pins,
+	// inodes) without entering any namespace: what an unprivileged user
+	// can read.
+	PinsOnly bool
 	// OnStatus, if set, makes List hand each status over in order, from
 	// one goroutine at a time, as soon as it and all before it are read,
 	// and keep none: memory stays flat however large the fleet (List
@@ -99,7 +111,7 @@ func (o Options) withDefaults() Options {
 
 func (o *Options) store() *proc.Store { return o.Store }
 
-func (o *Options) previous(name string) *spec.Namespace {
+func (o *UpOptions) previous(name string) *spec.Namespace {
 	if o.Previous == nil {
 		return nil
 	}

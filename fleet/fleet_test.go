@@ -37,7 +37,7 @@ func routers(t *testing.T, p string, count int, extra string) *spec.Fleet {
 
 func up(t *testing.T, f *spec.Fleet, opts fleet.Options) fleet.Summary {
 	t.Helper()
-	s, err := fleet.Up(context.Background(), f, opts)
+	s, err := fleet.Up(context.Background(), f, fleet.UpOptions{Options: opts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func up(t *testing.T, f *spec.Fleet, opts fleet.Options) fleet.Summary {
 
 func down(t *testing.T, sel fleet.Selector, opts fleet.Options) fleet.DownReport {
 	t.Helper()
-	r, err := fleet.Down(context.Background(), sel, opts, fleet.DownOptions{Wait: true, Timeout: 20 * time.Second})
+	r, err := fleet.Down(context.Background(), sel, fleet.DownOptions{Options: opts, Wait: true, Timeout: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func inside(t *testing.T, rd *netns.RunDir, name string, fn func(c *rtnl.Conn) e
 
 func states(t *testing.T, f *spec.Fleet, opts fleet.Options) map[fleet.State]int {
 	t.Helper()
-	st, err := fleet.List(context.Background(), f, fleet.Selector{}, opts)
+	st, err := fleet.List(context.Background(), f, fleet.Selector{}, fleet.ListOptions{Options: opts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestAddressesRoutesMTU(t *testing.T) {
 		t.Fatalf("up: %+v %v", s.Counts, s.Errors)
 	}
 	if m := states(t, f, opts); m[fleet.StateOK] != 3 {
-		st, _ := fleet.List(context.Background(), f, fleet.Selector{}, opts)
+		st, _ := fleet.List(context.Background(), f, fleet.Selector{}, fleet.ListOptions{Options: opts})
 		t.Fatalf("ls: %v %+v", m, st)
 	}
 	inside(t, rd, p+"r2", func(c *rtnl.Conn) error {
@@ -387,7 +387,7 @@ func TestDownTimeoutReportsPending(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := fleet.Down(context.Background(), fleet.Selector{Prefix: p}, opts, fleet.DownOptions{Wait: true, Timeout: 500 * time.Millisecond})
+	r, err := fleet.Down(context.Background(), fleet.Selector{Prefix: p}, fleet.DownOptions{Options: opts, Wait: true, Timeout: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +434,7 @@ func TestReadsGiveNoNamespaceIDs(t *testing.T) {
 	if m := states(t, f, opts); m[fleet.StateOK] != 5 {
 		t.Fatalf("ls: %v", m)
 	}
-	st, err := fleet.List(context.Background(), nil, fleet.Selector{Prefix: p}, opts)
+	st, err := fleet.List(context.Background(), nil, fleet.Selector{Prefix: p}, fleet.ListOptions{Options: opts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,9 +453,7 @@ func TestReadsGiveNoNamespaceIDs(t *testing.T) {
 	if s := up(t, f, opts); s.Counts[fleet.Unchanged] != 5 {
 		t.Fatalf("second up: %+v", s.Counts)
 	}
-	dry := opts
-	dry.DryRun = true
-	if r, err := fleet.Down(context.Background(), fleet.Selector{Prefix: p}, dry, fleet.DownOptions{}); err != nil || r.Counts[fleet.WouldDelete] != 5 {
+	if r, err := fleet.Down(context.Background(), fleet.Selector{Prefix: p}, fleet.DownOptions{Options: opts, DryRun: true}); err != nil || r.Counts[fleet.WouldDelete] != 5 {
 		t.Fatalf("down --dry-run: %+v, %v", r, err)
 	}
 	home, err := netns.Current()
@@ -537,7 +535,7 @@ func TestUpAsksTheHostBeforeChangingIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer z.Close()
-	s, err := fleet.Up(context.Background(), f, opts)
+	s, err := fleet.Up(context.Background(), f, fleet.UpOptions{Options: opts})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -242,7 +242,7 @@ func (w *linkWorker) finishEnd(l *spec.Link, s *linkSide) ([]string, error) {
 // left for phase 3), and tallies them.
 type linkPhases struct {
 	f        *spec.Fleet
-	opts     *Options
+	opts     *UpOptions
 	held     []Result
 	existing []bool
 	t        *tally

@@ -229,7 +229,7 @@ func TestLinksDryRun(t *testing.T) {
 	rd := nstest.RunDir(t)
 	p := nstest.Prefix(t)
 	f := ringSpec(t, p, 3)
-	s, err := fleet.Up(context.Background(), f, fleet.Options{RunDir: rd, DryRun: true})
+	s, err := fleet.Up(context.Background(), f, fleet.UpOptions{Options: fleet.Options{RunDir: rd}, DryRun: true})
 	if err != nil || s.Counts[fleet.WouldCreate] != 4 || s.Err() != nil {
 		t.Fatalf("dry run: %+v %v %v", s.Counts, err, s.Err())
 	}

@@ -65,8 +65,8 @@ type Status struct {
 // List reports the selected namespaces. With a fleet, they are the fleet's
 // namespaces (missing ones included) and each is compared with its spec;
 // otherwise they are the run dir's pins matching sel.
-func List(ctx context.Context, f *spec.Fleet, sel Selector, opts Options) ([]Status, error) {
-	opts = opts.withDefaults()
+func List(ctx context.Context, f *spec.Fleet, sel Selector, opts ListOptions) ([]Status, error) {
+	opts.Options = opts.Options.withDefaults()
 	rd := opts.RunDir
 	// The host's links are read while the run dir is: both are one pass
 	// over something as long as the fleet, on one CPU each.

@@ -21,8 +21,8 @@ import (
 // repairs those that drifted, and leaves the rest alone. It returns an error
 // only when it could not start (run dir, lock); per-namespace failures are
 // in the Summary (see Summary.Err). The caller holds the run dir's Lock.
-func Up(ctx context.Context, f *spec.Fleet, opts Options) (Summary, error) {
-	opts = opts.withDefaults()
+func Up(ctx context.Context, f *spec.Fleet, opts UpOptions) (Summary, error) {
+	opts.Options = opts.Options.withDefaults()
 	log := opts.log()
 	rd := opts.RunDir
 	if !opts.DryRun {
@@ -206,12 +206,12 @@ const fdsPerUpWorker = 14
 type worker struct {
 	rd      *netns.RunDir
 	snap    *snapshot
-	opts    *Options
+	opts    *UpOptions
 	host    *rtnl.Conn
 	sysctls *sysctl.Procfs
 }
 
-func newWorker(rd *netns.RunDir, snap *snapshot, opts *Options) (*worker, error) {
+func newWorker(rd *netns.RunDir, snap *snapshot, opts *UpOptions) (*worker, error) {
 	host, err := rtnl.Open() // both wait out EMFILE themselves
 	if err != nil {
 		return nil, err

@@ -127,6 +127,12 @@ func (r *Result) GrowthBetween(a, b, n int) []Share {
 	return growth(counts, totals, a, b, n)
 }
 
+// kernelOnCPU reports whether s is an on-CPU sample with kernel frames,
+// not of the idle task: what the kernel-function tables count.
+func (s *Sample) kernelOnCPU() bool {
+	return s.OffCPU == 0 && s.NKern > 0 && !(s.PID == 0 && s.TID == 0)
+}
+
 // leafCounts counts on-CPU samples with a kernel leaf, per range and
 // function, leaving out the idle task.
 func (r *Result) leafCounts() (map[int]map[string]int, map[int]int) {
@@ -134,7 +140,7 @@ func (r *Result) leafCounts() (map[int]map[string]int, map[int]int) {
 	totals := map[int]int{}
 	for i := range r.Samples {
 		s := &r.Samples[i]
-		if s.OffCPU > 0 || s.NKern == 0 || s.PID == 0 && s.TID == 0 {
+		if !s.kernelOnCPU() {
 			continue
 		}
 		k := r.rangeOf(s.Time)

@@ -70,7 +70,7 @@ func (r *Result) StepGrowth(a, b int, steps []Step, self, n int) []StepShare {
 	totals := map[int]int{}
 	for i := range r.Samples {
 		s := &r.Samples[i]
-		if s.OffCPU > 0 || s.NKern == 0 || s.PID == 0 && s.TID == 0 {
+		if !s.kernelOnCPU() {
 			continue
 		}
 		k := r.rangeOf(s.Time)

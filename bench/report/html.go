@@ -7,11 +7,14 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/nsfleet/nsfleet/bench"
 )
 
-var reportTmpl = template.Must(template.New("report").Parse(`<!DOCTYPE html>
+// reportTmpl is parsed on first use, not at every start of nsfleet.
+var reportTmpl = sync.OnceValue(func() *template.Template {
+	return template.Must(template.New("report").Parse(`<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>nsfleet bench report</title>
 <style>
@@ -22,7 +25,9 @@ caption { text-align: left; font-weight: 600; padding: 0.3em 0; }
 td, th { border: 1px solid #ddd; padding: 0.25em 0.5em; vertical-align: top; overflow-wrap: anywhere; }
 th { background: #f4f4f4; text-align: left; }
 td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.k, table.summary td, table.summary th { overflow-wrap: normal; }
+table.summary { font-size: 0.85em; width: 100%; }
+table.summary td, table.summary th { overflow-wrap: normal; }
+td.c { overflow-wrap: anywhere; }
 tr.best td { background: #eef7ee; }
 .verdict { color: #555; }
 figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
@@ -33,8 +38,8 @@ ul.notes { font-size: 0.9em; color: #444; }
 <h2>Summary</h2>
 <table class="summary">
 <caption>Which engine or kernel is best, per scenario, metric and variant, over the marks given (each repetition's mean over the marks is one observation)</caption>
-<tr><th>scenario</th><th>metric</th><th>configuration</th><th class="n">marks</th><th>best</th><th class="n">× runner-up</th><th>runner-up</th><th class="n">× worst</th><th>worst</th><th>statistics (best against runner-up)</th></tr>
-{{range .}}<tr><td>{{.Scenario}}</td><td>{{.Metric}} ({{.Unit}}, {{.Better}} is better)</td><td>{{.Panel}}</td><td class="n">{{.Marks}}</td><td class="k"><b>{{.Key}} {{.Best}}</b></td><td class="n">{{printf "%.2f" .Factor}}</td><td class="k">{{.RunnerUp}}</td><td class="n">{{printf "%.2f" .WorstFactor}}</td><td class="k">{{.Worst}}</td><td class="verdict">{{.Verdict}}</td></tr>
+<tr><th>scenario</th><th>metric</th><th>configuration</th><th class="n">marks</th><th>best {{with index . 0}}{{.Key}}{{end}}</th><th>runner-up (best is × better)</th><th>worst (best is × better)</th><th>statistics (best against runner-up)</th></tr>
+{{range .}}<tr><td>{{.Scenario}}</td><td>{{.Metric}} ({{.Unit}}, {{.Better}} is better)</td><td class="c">{{.Panel}}</td><td class="n">{{.Marks}}</td><td><b>{{.Best}}</b></td><td>{{.RunnerUp}}: <b>{{printf "%.2f" .Factor}}×</b></td><td>{{.Worst}}: <b>{{printf "%.2f" .WorstFactor}}×</b></td><td class="verdict">{{.Verdict}}</td></tr>
 {{end}}</table>
 {{end}}
 {{range .Pages}}
@@ -62,6 +67,7 @@ ul.notes { font-size: 0.9em; color: #444; }
 {{end}}
 </body></html>
 `))
+})
 
 type kv struct{ K, V string }
 
@@ -152,7 +158,7 @@ func WriteReport(w io.Writer, runs []*bench.Run) error {
 	if len(pages) == 0 {
 		return fmt.Errorf("no runs")
 	}
-	return reportTmpl.Execute(w, struct {
+	return reportTmpl().Execute(w, struct {
 		Summary []Finding
 		Pages   []page
 	}{Findings(runs), pages})

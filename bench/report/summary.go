@@ -66,6 +66,12 @@ func findings(r *bench.Run) []Finding {
 		var order []string
 		for _, c := range configs[m] {
 			panel, _ := splitConfig(c, r.Keys)
+			if r.Keys[0] == "kernel" {
+				// Kernels run natively and emulated are not compared:
+				// the accelerator would win, not the kernel.
+				label := firstValue(c)
+				panel += " (" + label[strings.LastIndexByte(label, ' ')+1:] + " kernels)"
+			}
 			if _, ok := panels[panel]; !ok {
 				order = append(order, panel)
 			}

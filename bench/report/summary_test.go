@@ -65,3 +65,17 @@ func TestReportSummaryFirstAndRealTables(t *testing.T) {
 		t.Error("rate table is not transposed")
 	}
 }
+
+// Kernels are compared only with kernels run the same way.
+func TestFindingsKernelsByAccelerator(t *testing.T) {
+	r := &bench.Run{Scenario: "fake-router", Keys: []string{"kernel", "engine", "variant"}}
+	for kernel, rate := range map[string]float64{"6.18.0 native": 1500, "6.1.0-57-amd64 tcg": 110, "6.1.0-57-rt-amd64 tcg": 80} {
+		for rep := 0; rep < 3; rep++ {
+			r.Samples = append(r.Samples, bench.Sample{Config: map[string]string{"kernel": kernel, "engine": "native", "variant": "add"}, Mark: 100, Metric: "rate", Unit: "routers/s", Better: "higher", Rep: rep, Value: rate + float64(rep)})
+		}
+	}
+	fs := Findings([]*bench.Run{r})
+	if len(fs) != 1 || fs[0].Panel != "engine=native/variant=add (tcg kernels)" || fs[0].Best != "6.1.0-57-amd64 tcg" || fs[0].Worst != "6.1.0-57-rt-amd64 tcg" {
+		t.Errorf("findings %+v", fs)
+	}
+}

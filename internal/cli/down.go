@@ -58,8 +58,8 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 				return fmt.Errorf("down: %w", err)
 			}
 			defer lock.Unlock()
-			opts := g.options(rd)
-			opts.Adopt, opts.DryRun, opts.Grace = adopt, dryRun, grace
+			opts := fleet.DownOptions{Options: g.options(rd), DryRun: dryRun, Wait: !noWait, Timeout: timeout}
+			opts.Adopt, opts.Grace = adopt, grace
 			prof, err := startProfile(profileDir)
 			if err != nil {
 				return err
@@ -73,7 +73,7 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 					errs.print(dp.prog, r.Err.Error())
 				}
 			}
-			rep, err := fleet.Down(cmd.Context(), sel, opts, fleet.DownOptions{Wait: !noWait, Timeout: timeout})
+			rep, err := fleet.Down(cmd.Context(), sel, opts)
 			if dp.prog != nil {
 				dp.prog.finish()
 			}

@@ -65,7 +65,7 @@ after '='.`,
 			case err != nil:
 				return fmt.Errorf("ls: %w", err)
 			default:
-				opts := g.options(rd)
+				opts := fleet.ListOptions{Options: g.options(rd)}
 				if missing := missingCaps(); len(missing) > 0 {
 					opts.PinsOnly = true
 					fmt.Fprintf(g.stderr, "ls: without %s only names and pins can be read; state, links, drift and processes need root\n", strings.Join(missing, " and "))

@@ -51,8 +51,8 @@ summary and exits with code 130; the next up carries on.`,
 				return fmt.Errorf("up: %w", err)
 			}
 			defer lock.Unlock()
-			opts := g.options(rd)
-			opts.DryRun, opts.Adopt = dryRun, adopt
+			opts := fleet.UpOptions{Options: g.options(rd), DryRun: dryRun}
+			opts.Adopt = adopt
 			if marks {
 				opts.Steps = &fleet.StepTimes{}
 			}

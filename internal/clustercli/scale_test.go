@@ -53,12 +53,12 @@ func TestClusterScale(t *testing.T) {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		sum, err := fleet.Up(context.Background(), fl, fleet.Options{RunDir: rd})
+		sum, err := fleet.Up(context.Background(), fl, fleet.UpOptions{Options: fleet.Options{RunDir: rd}})
 		took := time.Since(start)
 		if err == nil {
 			err = sum.Err()
 		}
-		_, derr := fleet.Down(context.Background(), fleet.Selector{Prefix: prefix + "b"}, fleet.Options{RunDir: rd}, fleet.DownOptions{Wait: true})
+		_, derr := fleet.Down(context.Background(), fleet.Selector{Prefix: prefix + "b"}, fleet.DownOptions{Options: fleet.Options{RunDir: rd}, Wait: true})
 		rd.Release()
 		if err != nil || derr != nil {
 			t.Fatalf("baseline up of %d: %v, down: %v", count, err, derr)
