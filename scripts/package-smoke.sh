@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Debian package, installs it with apt, uses the installed
 # binaries as an operator would (version, doctor, up and down of the
-# packaged example in a private run dir, completion of a namespace name,
+# packaged example of 3,000 routers in a private run dir, completion of a namespace name,
 # man page and unit present), then removes the package and checks that
 # nothing of it is left. Refuses to run where nsfleet is already installed
 # as a package (it would replace and remove it).
@@ -17,7 +17,7 @@ work=$(mktemp -d /tmp/nsfleet-pkg.XXXXXX)
 installed=0
 cleanup() {
 	if [ -x /usr/bin/nsfleet ] && [ -d "$work/netns" ]; then
-		/usr/bin/nsfleet --run-dir "$work/netns" down --prefix smk- --progress none >/dev/null 2>&1 || true
+		/usr/bin/nsfleet --run-dir "$work/netns" down --prefix bar- --progress none >/dev/null 2>&1 || true
 	fi
 	[ "$installed" = 1 ] && DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq nsfleet >/dev/null 2>&1 || true
 	rm -rf "$work"
@@ -47,18 +47,18 @@ rc=0; /usr/bin/nsfleet doctor >"$work/doctor.txt" 2>&1 || rc=$?
 [ "$rc" -le 2 ] && grep -q . "$work/doctor.txt" || fail "doctor: exit $rc: $(cat "$work/doctor.txt")"
 echo "package-smoke: doctor ran (exit $rc)"
 
-sed 's/"bar-{i}"/"smk-{i}"/; s/count: 3000/count: 50/; s/qro-/sro-/; s/qri-/sri-/; s/qgo-/sgo-/; s/qgi-/sgi-/' \
-	/usr/share/doc/nsfleet/examples/fake-routers.yaml >"$work/smoke.yaml"
-/usr/bin/nsfleet --run-dir "$work/netns" up -f "$work/smoke.yaml" --progress none
-[ "$(/usr/bin/nsfleet --run-dir "$work/netns" ls -f "$work/smoke.yaml" -o json | grep -c '"state": "ok"')" = 50 ] || fail "ls after up: not 50 ok"
+# The packaged example as it is (3,000 fake routers), in a private run dir.
+ex=/usr/share/doc/nsfleet/examples/fake-routers.yaml
+/usr/bin/nsfleet --run-dir "$work/netns" up -f "$ex" --progress none
+[ "$(/usr/bin/nsfleet --run-dir "$work/netns" ls -f "$ex" -o json | grep -c '"state": "ok"')" = 3000 ] || fail "ls after up: not 3000 ok"
 # The installed completion completes a namespace name from the run dir.
 got=$(bash -c 'source /usr/share/bash-completion/bash_completion
 	source /usr/share/bash-completion/completions/nsfleet
-	COMP_WORDS=(nsfleet --run-dir '"$work/netns"' exec smk-4); COMP_CWORD=4
+	COMP_WORDS=(nsfleet --run-dir '"$work/netns"' exec bar-29); COMP_CWORD=4
 	COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}; COMP_TYPE=9
-	__start_nsfleet nsfleet smk-4 exec 2>/dev/null; echo "${COMPREPLY[*]}"')
-case " $got " in *" smk-42 "*) ;; *) fail "completion of smk-4: '$got'" ;; esac
-/usr/bin/nsfleet --run-dir "$work/netns" down -f "$work/smoke.yaml" --progress none
+	__start_nsfleet nsfleet bar-29 exec 2>/dev/null; echo "${COMPREPLY[*]}"')
+case " $got " in *" bar-299 "*) ;; *) fail "completion of bar-29: '$got'" ;; esac
+/usr/bin/nsfleet --run-dir "$work/netns" down -f "$ex" --progress none
 [ -z "$(ls "$work/netns" 2>/dev/null)" ] || fail "down left pins"
 
 if [ -d /run/systemd/system ]; then

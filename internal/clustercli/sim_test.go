@@ -109,11 +109,26 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() strin
 
 func status(t *testing.T) *cluster.Report {
 	t.Helper()
-	var r cluster.Report
-	if err := json.Unmarshal([]byte(must(t, "cluster", "status", "-o", "json")), &r); err != nil {
+	r, err := tryStatus(t)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return &r
+	return r
+}
+
+// tryStatus is status for a loop that may wait out an etcd that does not
+// answer for a while.
+func tryStatus(t *testing.T) (*cluster.Report, error) {
+	t.Helper()
+	out, err := run(t, "cluster", "status", "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	var r cluster.Report
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	return &r, nil
 }
 
 // pinCookies returns the network namespace cookie of each pin on a node:
