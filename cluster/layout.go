@@ -168,14 +168,17 @@ type Assignment struct {
 // Failover records one lost node: when its loss was seen, how many
 // namespaces moved where, and when all of them were ready again.
 type Failover struct {
-	Node       string         `json:"node"`
-	Detected   time.Time      `json:"detected"`
-	Moved      int            `json:"moved"`
-	To         map[string]int `json:"to"`
-	AssignRev  int64          `json:"assign_rev"`
-	Ready      time.Time      `json:"ready,omitzero"`
-	Seconds    float64        `json:"seconds,omitempty"` // Detected to Ready
-	Unassigned int            `json:"unassigned,omitempty"`
+	Node     string         `json:"node"`
+	Detected time.Time      `json:"detected"`
+	Moved    int            `json:"moved"`
+	To       map[string]int `json:"to"`
+	// AssignRev is the revision of the written plan; 0 while the plan is
+	// being written (a record goes first, so that a plan cut off between
+	// transactions still has one).
+	AssignRev  int64     `json:"assign_rev"`
+	Ready      time.Time `json:"ready,omitzero"`
+	Seconds    float64   `json:"seconds,omitempty"` // Detected to Ready
+	Unassigned int       `json:"unassigned,omitempty"`
 }
 
 // SpecKey and the others name one spec's keys.

@@ -27,6 +27,9 @@ type scheduler struct {
 	soon     bool
 	settle   time.Duration // a returning node settles this long; 0: DefaultSettle
 	maxMoves int           // balance moves per plan; 0: DefaultMaxMoves
+	// afterBatch, if set, is called after each transaction of a chained
+	// commit (tests cut a plan off there).
+	afterBatch func(i int)
 }
 
 // lead campaigns with the node's lease and, once elected, schedules on
@@ -281,24 +284,32 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 			}
 		}
 		ops = append(ops, assignOps(snap, p.Assign)...)
-		var lost []string
+		// The records go first, pending (AssignRev 0): a plan too large
+		// for one transaction can be cut off between two (etcd timing out
+		// under load), and the next round may then see no lost node (its
+		// assignment already deleted) and place the rest as new names;
+		// the pending record still says a failover is under way, and
+		// closeFailovers completes it against the assignment as it ends up.
+		records := map[string]Failover{}
+		keys := map[string]string{}
 		for node, n := range p.Orphaned {
-			lost = append(lost, node)
 			sc.log.Info("node lost: moving its namespaces", "lost", node, "namespaces", n, "placed", p.Placed, "unassigned", p.Unassigned)
+			fo, key := Failover{Node: node, Detected: now, Moved: n, To: p.Placed, Unassigned: p.Unassigned}, FailoverKey(snap.Rev, node)
+			if i := pendingFailover(snap, node); i >= 0 { // a round cut off before: the same failover
+				fo.Detected, fo.Moved, key = snap.Failovers[i].Detected, snap.Failovers[i].Moved, snap.FailoverKeys[i]
+			}
+			if err := sc.putRecord(ctx, key, fo); err != nil {
+				return err
+			}
+			records[node], keys[node] = fo, key
 		}
 		rev, ok, err := sc.commit(ctx, guard, ops, now)
 		if err != nil || !ok {
 			return err // !ok: someone else wrote first: read again
 		}
-		// The record, once the plan is written, with a deadline of its own:
-		// the next round sees no lost node, so a record missed here would
-		// never be written.
-		for _, node := range lost {
-			fo := Failover{Node: node, Detected: now, Moved: p.Orphaned[node], To: p.Placed, AssignRev: rev, Unassigned: p.Unassigned}
-			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sc.timeout)
-			_, err := sc.cli.Put(pctx, FailoverKey(rev, node), encode(fo))
-			cancel()
-			if err != nil {
+		for node, fo := range records {
+			fo.AssignRev = rev
+			if err := sc.putRecord(ctx, keys[node], fo); err != nil {
 				return err
 			}
 			sc.metrics.failover()
@@ -341,6 +352,9 @@ func (sc *scheduler) commit(ctx context.Context, guard []clientv3.Cmp, ops []cli
 			return 0, false, nil
 		}
 		rev = resp.Header.Revision
+		if sc.afterBatch != nil {
+			sc.afterBatch(i)
+		}
 	}
 	return rev, true, nil
 }
@@ -382,6 +396,26 @@ func assignOps(snap *Snapshot, plan map[string]*Assignment) []clientv3.Op {
 	return ops
 }
 
+// putRecord writes a failover record with a deadline of its own: a
+// record missed would not be written again.
+func (sc *scheduler) putRecord(ctx context.Context, key string, fo Failover) error {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sc.timeout)
+	defer cancel()
+	_, err := sc.cli.Put(pctx, key, encode(fo))
+	return err
+}
+
+// pendingFailover returns the index of node's failover record whose plan
+// was cut off (pending, not ready), or -1.
+func pendingFailover(snap *Snapshot, node string) int {
+	for i, fo := range snap.Failovers {
+		if fo.Node == node && fo.AssignRev == 0 && fo.Ready.IsZero() {
+			return i
+		}
+	}
+	return -1
+}
+
 // closeFailovers marks failovers whose namespaces are all ready and
 // trims old records.
 func (sc *scheduler) closeFailovers(ctx context.Context, snap *Snapshot) error {
@@ -389,13 +423,23 @@ func (sc *scheduler) closeFailovers(ctx context.Context, snap *Snapshot) error {
 		if !fo.Ready.IsZero() {
 			continue
 		}
+		// A pending record's plan was cut off: the rounds since have
+		// written the rest, and the assignment as it is now is the one to
+		// be served.
+		want, nodes := fo.AssignRev, fo.To
+		if want == 0 {
+			want, nodes = snap.AssignGenRev, map[string]int{}
+			for node := range snap.Nodes { // the rest may have gone anywhere
+				nodes[node] = 0
+			}
+		}
 		done := true
-		for node := range fo.To {
+		for node := range nodes {
 			st, ok := snap.Status[node]
 			if _, alive := snap.Nodes[node]; !alive {
 				continue // lost too: its own failover covers the rest
 			}
-			if !ok || st.AssignRev < fo.AssignRev || st.Ready < st.Assigned || st.Fenced {
+			if !ok || st.AssignRev < want || st.Ready < st.Assigned || st.Fenced {
 				done = false
 			}
 		}

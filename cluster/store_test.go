@@ -369,3 +369,95 @@ func TestApplyRefusesLinks(t *testing.T) {
 		t.Errorf("%d keys written", resp.Count)
 	}
 }
+
+// A failover plan cut off between two of its transactions (etcd timing
+// out under load, or another writer) still leaves a failover record, which
+// the next rounds complete and close: nothing is lost, nothing counted
+// twice.
+func TestFailoverCutOff(t *testing.T) {
+	cli := testEtcd(t)
+	ctx := context.Background()
+	leader, err := cli.Put(ctx, "leader", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := cli.Grant(ctx, 600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"b", "c"} {
+		if _, err := cli.Put(ctx, NodeKey(n), encode(NodeInfo{LeaseID: int64(lease.ID)}), clientv3.WithLease(lease.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Node a is dead and held 400 names, spread over its buckets.
+	parts := map[string]*Assignment{}
+	for i := range 400 {
+		name := fmt.Sprintf("r-%d", i)
+		if _, err := cli.Put(ctx, NsKey("gw", name), "{}"); err != nil {
+			t.Fatal(err)
+		}
+		k := AssignKey("a", Bucket(name))
+		if parts[k] == nil {
+			parts[k] = &Assignment{}
+		}
+		parts[k].Names = append(parts[k].Names, name)
+	}
+	for k, a := range parts {
+		if _, err := cli.Put(ctx, k, encode(a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sc := &scheduler{cli: cli, timeout: 5 * time.Second, log: slog.New(slog.DiscardHandler)}
+	round := func() *Snapshot {
+		t.Helper()
+		snap, err := Read(ctx, cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sc.round(ctx, snap, "leader", leader.Header.Revision); err != nil {
+			t.Fatal(err)
+		}
+		snap, err = Read(ctx, cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap
+	}
+	// Cut off after the first transaction: another write moves assign-gen.
+	sc.afterBatch = func(i int) {
+		if i == 0 {
+			cli.Put(ctx, KeyAssignGen, "someone else")
+		}
+	}
+	snap := round()
+	sc.afterBatch = nil
+	if len(snap.Failovers) != 1 || snap.Failovers[0].Node != "a" || snap.Failovers[0].AssignRev != 0 || snap.Failovers[0].Moved != 400 {
+		t.Fatalf("after the cut: records %+v, want one pending for a with 400 moved", snap.Failovers)
+	}
+	// The dead node's assignment went in the first transaction, part of
+	// the survivors' after it: the next round sees no lost node, only
+	// names to place.
+	if got := len(snap.Assign["a"].Names) + len(snap.Assign["b"].Names) + len(snap.Assign["c"].Names); got >= 400 {
+		t.Fatalf("the cut left %d names assigned: want part of the plan unwritten", got)
+	}
+	// The next rounds finish the move; still one record, still 400.
+	for range 3 {
+		snap = round()
+	}
+	placed := len(snap.Assign["b"].Names) + len(snap.Assign["c"].Names)
+	if len(snap.Assign["a"].Names) != 0 || placed != 400 || len(snap.Failovers) != 1 || snap.Failovers[0].Moved != 400 {
+		t.Fatalf("after the rounds: a %d, b+c %d, records %+v", len(snap.Assign["a"].Names), placed, snap.Failovers)
+	}
+	// b and c report the assignment served: the failover is done.
+	for _, n := range []string{"b", "c"} {
+		st := NodeStatus{AssignRev: snap.AssignGenRev, Assigned: len(snap.Assign[n].Names), Ready: len(snap.Assign[n].Names)}
+		if _, err := cli.Put(ctx, StatusKey(n), encode(st)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap = round()
+	if len(snap.Failovers) != 1 || snap.Failovers[0].Ready.IsZero() {
+		t.Errorf("after b and c served it: %+v, want the failover ready", snap.Failovers)
+	}
+}
