@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -35,13 +36,13 @@ func MergeKernels(parts []KernelRun, env Env) *Run {
 	for i, p := range parts {
 		r, label := p.Run, p.Label()
 		labels = append(labels, label)
-		if !contains(accels, p.Accel) {
+		if !slices.Contains(accels, p.Accel) {
 			accels = append(accels, p.Accel)
 		}
 		if i == 0 {
 			m.Scenario, m.Started, m.Keys = r.Scenario, r.Started, append([]string{"kernel"}, r.Keys...)
 			for k, v := range r.Params {
-				if !contains(perKernel, k) {
+				if !slices.Contains(perKernel, k) {
 					m.Params[k] = v
 				}
 			}
@@ -123,13 +124,4 @@ func meanOf(r *Run, metric string) map[string]float64 {
 		sum[k] /= float64(n[k])
 	}
 	return sum
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -50,6 +50,12 @@ echo "package-smoke: doctor ran (exit $rc)"
 # The packaged example as it is (3,000 fake routers), in a private run dir.
 ex=/usr/share/doc/nsfleet/examples/fake-routers.yaml
 /usr/bin/nsfleet --run-dir "$work/netns" up -f "$ex" --progress none
+# In the kernel, not only in nsfleet's own view: 3,000 pins, their host
+# veths, and a router's forwarding and peer end seen by ip(8).
+[ "$(ls "$work/netns" | wc -l)" = 3000 ] || fail "up: not 3000 pins"
+[ "$(ip -o link show type veth | grep -c ': q[rg]o-[0-9]*@')" = 6000 ] || fail "up: not 6000 host veths"
+[ "$(/usr/bin/nsfleet --run-dir "$work/netns" exec bar-1234 -- ip -o link show qri-1234 2>/dev/null | grep -c 'qri-1234@')" = 1 ] || fail "bar-1234 has no qri-1234"
+[ "$(/usr/bin/nsfleet --run-dir "$work/netns" exec bar-1234 -- cat /proc/sys/net/ipv4/ip_forward)" = 1 ] || fail "bar-1234: ip_forward is not 1"
 [ "$(/usr/bin/nsfleet --run-dir "$work/netns" ls -f "$ex" -o json | grep -c '"state": "ok"')" = 3000 ] || fail "ls after up: not 3000 ok"
 # The installed completion completes a namespace name from the run dir.
 got=$(bash -c 'source /usr/share/bash-completion/bash_completion
@@ -60,6 +66,7 @@ got=$(bash -c 'source /usr/share/bash-completion/bash_completion
 case " $got " in *" bar-299 "*) ;; *) fail "completion of bar-29: '$got'" ;; esac
 /usr/bin/nsfleet --run-dir "$work/netns" down -f "$ex" --progress none
 [ -z "$(ls "$work/netns" 2>/dev/null)" ] || fail "down left pins"
+[ "$(ip -o link show type veth | grep -c ': q[rg]o-[0-9]*@')" = 0 ] || fail "down left host veths"
 
 if [ -d /run/systemd/system ]; then
 	systemctl cat nsfleet-agent >/dev/null || fail "systemctl cat nsfleet-agent"

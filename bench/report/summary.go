@@ -84,7 +84,7 @@ func findings(r *bench.Run) []Finding {
 			}
 			// Each configuration's value per repetition: the mean over the
 			// marks, so that a repetition is one observation.
-			reps := map[string][]float64{}
+			reps, mean := map[string][]float64{}, map[string]float64{}
 			for _, c := range cs {
 				var keys []int
 				for rep := range perRep[key{m, c}] {
@@ -94,13 +94,13 @@ func findings(r *bench.Run) []Finding {
 				for _, rep := range keys {
 					reps[c] = append(reps[c], Summarize(perRep[key{m, c}][rep]).Mean)
 				}
+				mean[c] = Summarize(reps[c]).Mean
 			}
 			sort.SliceStable(cs, func(i, j int) bool {
-				a, b := Summarize(reps[cs[i]]).Mean, Summarize(reps[cs[j]]).Mean
 				if better[m] == "lower" {
-					return a < b
+					return mean[cs[i]] < mean[cs[j]]
 				}
-				return a > b
+				return mean[cs[i]] > mean[cs[j]]
 			})
 			best, second, worst := cs[0], cs[1], cs[len(cs)-1]
 			f := Finding{Scenario: r.Scenario, Metric: m, Unit: units[m], Better: better[m], Panel: panel,
@@ -108,8 +108,8 @@ func findings(r *bench.Run) []Finding {
 			if mr := marks[m]; mr[1] > 0 {
 				f.Marks = fmt.Sprintf("%d-%d", mr[0], mr[1])
 			}
-			f.Factor = ratio(Summarize(reps[best]).Mean, Summarize(reps[second]).Mean, better[m])
-			f.WorstFactor = ratio(Summarize(reps[best]).Mean, Summarize(reps[worst]).Mean, better[m])
+			f.Factor = ratio(mean[best], mean[second], better[m])
+			f.WorstFactor = ratio(mean[best], mean[worst], better[m])
 			f.Verdict = compareOne(m, "", units[m], better[m], 0, reps[second], reps[best]).Verdict
 			out = append(out, f)
 		}
