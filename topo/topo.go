@@ -38,8 +38,8 @@ func (t *Topology) Routers() int {
 	return n
 }
 
-// name returns router k's name (1-based, across roles).
-func (t *Topology) name(k int) string {
+// Name returns router k's name (1-based, across roles).
+func (t *Topology) Name(k int) string {
 	for _, r := range t.Roles {
 		if k <= r.Count {
 			return fmt.Sprintf("%s%d", r.Prefix, k)
@@ -117,13 +117,14 @@ func Grid(prefix string, rows, cols int, wrap bool) (*Topology, error) {
 // FatTree is the k-ary fat-tree of data centres (Al-Fares et al.): k pods
 // of k/2 edge and k/2 aggregation switches, (k/2)² core switches, and k/2
 // hosts under each edge switch: 5k²/4 switches, k³/4 hosts, 3k³/4 links.
-func FatTree(k int) (*Topology, error) {
+// The roles are named prefix+"core", "agg", "edge" and "host".
+func FatTree(prefix string, k int) (*Topology, error) {
 	if k < 2 || k%2 != 0 {
 		return nil, errors.New("fat-tree: k must be even and at least 2")
 	}
 	h := k / 2
 	t := &Topology{Shape: fmt.Sprintf("fat-tree k=%d", k), Roles: []Role{
-		{Prefix: "core", Count: h * h}, {Prefix: "agg", Count: k * h}, {Prefix: "edge", Count: k * h}, {Prefix: "host", Count: k * h * h},
+		{Prefix: prefix + "core", Count: h * h}, {Prefix: prefix + "agg", Count: k * h}, {Prefix: prefix + "edge", Count: k * h}, {Prefix: prefix + "host", Count: k * h * h},
 	}}
 	core := func(i int) int { return 1 + i }
 	agg := func(pod, i int) int { return 1 + h*h + pod*h + i }
@@ -147,15 +148,16 @@ func FatTree(k int) (*Topology, error) {
 	return t, nil
 }
 
-// LeafSpine: every leaf joined to every spine, hosts under each leaf.
-func LeafSpine(leaves, spines, hostsPerLeaf int) (*Topology, error) {
+// LeafSpine: every leaf joined to every spine, hosts under each leaf. The
+// roles are named prefix+"spine", "leaf" and "host".
+func LeafSpine(prefix string, leaves, spines, hostsPerLeaf int) (*Topology, error) {
 	if leaves < 1 || spines < 1 || hostsPerLeaf < 0 {
 		return nil, errors.New("leaf-spine: want at least 1 leaf and 1 spine, and no negative host count")
 	}
 	t := &Topology{Shape: fmt.Sprintf("leaf-spine of %d leaves, %d spines, %d hosts per leaf", leaves, spines, hostsPerLeaf),
-		Roles: []Role{{Prefix: "spine", Count: spines}, {Prefix: "leaf", Count: leaves}}}
+		Roles: []Role{{Prefix: prefix + "spine", Count: spines}, {Prefix: prefix + "leaf", Count: leaves}}}
 	if hostsPerLeaf > 0 {
-		t.Roles = append(t.Roles, Role{Prefix: "host", Count: leaves * hostsPerLeaf})
+		t.Roles = append(t.Roles, Role{Prefix: prefix + "host", Count: leaves * hostsPerLeaf})
 	}
 	for l := range leaves {
 		for s := range spines {
@@ -326,7 +328,7 @@ func (t *Topology) Write(w io.Writer, o Options) error {
 	for k, e := range t.Edges {
 		x := base + 2*uint32(k)
 		fmt.Fprintf(b, "  - {a: \"%s:eth%d\", b: \"%s:eth%d\", a_addresses: [%s/31], b_addresses: [%s/31]%s}\n",
-			t.name(e[0]), ports[e[0]], t.name(e[1]), ports[e[1]], addr(x), addr(x+1), mtu)
+			t.Name(e[0]), ports[e[0]], t.Name(e[1]), ports[e[1]], addr(x), addr(x+1), mtu)
 		ports[e[0]]++
 		ports[e[1]]++
 		if b.Len() > 1<<16 {

@@ -25,9 +25,9 @@ func TestShapesAreSpecs(t *testing.T) {
 		{"star", func() (*Topology, error) { return Star("r", 4) }, want{5, 4, 0}},
 		{"grid", func() (*Topology, error) { return Grid("r", 3, 4, false) }, want{12, 17, 0}},
 		{"torus", func() (*Topology, error) { return Grid("r", 4, 5, true) }, want{20, 40, 4}},
-		{"fat-tree", func() (*Topology, error) { return FatTree(4) }, want{36, 48, 0}},
-		{"fat-tree 16", func() (*Topology, error) { return FatTree(16) }, want{1344, 3072, 0}},
-		{"leaf-spine", func() (*Topology, error) { return LeafSpine(4, 2, 3) }, want{18, 20, 0}},
+		{"fat-tree", func() (*Topology, error) { return FatTree("", 4) }, want{36, 48, 0}},
+		{"fat-tree 16", func() (*Topology, error) { return FatTree("", 16) }, want{1344, 3072, 0}},
+		{"leaf-spine", func() (*Topology, error) { return LeafSpine("", 4, 2, 3) }, want{18, 20, 0}},
 		{"random", func() (*Topology, error) { return Random("r", 50, 3, 7) }, want{50, 75, 3}},
 	}
 	for _, c := range cases {
@@ -98,7 +98,7 @@ func TestRefused(t *testing.T) {
 		{"line of 1", second(Line("r", 1))},
 		{"ring of 2", second(Ring("r", 2))},
 		{"torus 2x5", second(Grid("r", 2, 5, true))},
-		{"fat-tree odd", second(FatTree(5))},
+		{"fat-tree odd", second(FatTree("", 5))},
 		{"random odd", second(Random("r", 5, 3, 1))},
 		{"random degree", second(Random("r", 3, 3, 1))},
 	} {

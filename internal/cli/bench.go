@@ -152,6 +152,7 @@ func (bf *benchFlags) register(cmd *cobra.Command) {
 	f.IntVar(&bf.idle, "idle", bench.IdleMountNamespaces, "mount-propagation: idle mount namespaces held open (M)")
 	f.IntVar(&bf.listeners, "namespaces", bench.UeventNamespaces, "uevent: namespaces with (or without) a listener (K)")
 	f.IntVar(&bf.limit, "limit", bench.ChurnLimit, "churn: user.max_<type>_namespaces inside its user namespace")
+	f.DurationVar(&bench.TopologyTimeLimit, "time-limit", bench.TopologyTimeLimit, "topology: longest a tool may take to create (or tear down) one size; past it, larger sizes go without that tool")
 }
 
 func scenarioList() string {

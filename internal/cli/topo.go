@@ -74,7 +74,7 @@ SPEC' waits until every router has a route to every other's loopback.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&prefix, "prefix", "r", "name prefix of the routers of line, ring, star, grid, torus and random")
+	f.StringVar(&prefix, "prefix", "", "name prefix of the routers (default: r1, r2... for one kind of router; core1, agg1, edge1, host1 for fat-tree; spine1, leaf1, host1 for leaf-spine)")
 	f.StringVar(&links, "links", topo.DefaultAddressing.Links.String(), "IPv4 pool of the links' /31s")
 	f.StringVar(&loopbacks, "loopbacks", topo.DefaultAddressing.Loopbacks.String(), "IPv4 /16 of the routers' loopback addresses")
 	f.IntVar(&mtu, "mtu", 0, "MTU of every link (0: the kernel's default, 1500)")
@@ -104,21 +104,25 @@ func topology(prefix string, args []string) (*topo.Topology, error) {
 		}
 		v[i] = x
 	}
+	one := prefix // the name of a single-role shape's routers
+	if one == "" {
+		one = "r"
+	}
 	switch shape {
 	case "line":
-		return topo.Line(prefix, v[0])
+		return topo.Line(one, v[0])
 	case "ring":
-		return topo.Ring(prefix, v[0])
+		return topo.Ring(one, v[0])
 	case "star":
-		return topo.Star(prefix, v[0])
+		return topo.Star(one, v[0])
 	case "grid", "torus":
-		return topo.Grid(prefix, v[0], v[1], shape == "torus")
+		return topo.Grid(one, v[0], v[1], shape == "torus")
 	case "fat-tree":
-		return topo.FatTree(v[0])
+		return topo.FatTree(prefix, v[0])
 	case "leaf-spine":
-		return topo.LeafSpine(v[0], v[1], v[2])
+		return topo.LeafSpine(prefix, v[0], v[1], v[2])
 	default:
-		return topo.Random(prefix, v[0], v[1], uint64(v[2]))
+		return topo.Random(one, v[0], v[1], uint64(v[2]))
 	}
 }
 
