@@ -130,6 +130,62 @@ func (s *Store) LogPath(ns, name string) string {
 	return filepath.Join(s.Dir, "logs", ns, name+".log")
 }
 
+// ConfigPath is where the process's config (spec.Process.Config) is
+// written before each start.
+func (s *Store) ConfigPath(ns, name string) string {
+	return filepath.Join(s.Dir, "configs", ns, name+".conf")
+}
+
+// writeConfig writes p's config where its command names it, and returns
+// the command with that path in place of spec.ConfigPlaceholder. The file
+// is replaced whole (a daemon never reads half of it); it is readable by
+// root and by the user and group the daemon runs as, no one else (a
+// config may hold keys), and the directories above it in the store can be
+// passed through but not listed.
+func (s *Store) writeConfig(nsName string, p spec.Process) ([]string, error) {
+	if p.Config == "" {
+		return p.Command, nil
+	}
+	path := s.ConfigPath(nsName, p.Name)
+	for _, d := range []string{s.Dir, filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {
+		if err := os.Mkdir(d, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, err
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return nil, err
+		}
+	}
+	uid, gid, _, set, err := PrivilegesOf(p).ids()
+	if err != nil {
+		return nil, err
+	}
+	tmp := path + ".new"
+	os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	_, err = f.WriteString(p.Config)
+	if err == nil && set {
+		err = f.Chown(uid, gid)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return nil, err
+	}
+	argv := make([]string, len(p.Command))
+	for i, a := range p.Command {
+		argv[i] = strings.ReplaceAll(a, spec.ConfigPlaceholder, path)
+	}
+	return argv, nil
+}
+
 // Load returns the record of one process, or nil if there is none; a
 // launch cut short is recovered and recorded (see recoverLaunch).
 func (s *Store) Load(ns, name string) (*Record, error) { return s.load(ns, name, true) }
@@ -274,9 +330,13 @@ func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int
 		return nil, nil, fmt.Errorf("process %s: log: %w%s", p.Name, err, netns.FullOrReadOnly(s.Dir, err))
 	}
 	defer logf.Close()
+	argv, err := s.writeConfig(nsName, p)
+	if err != nil {
+		return nil, nil, fmt.Errorf("process %s: config: %w%s", p.Name, err, netns.FullOrReadOnly(s.Dir, err))
+	}
 	// A log that cannot be written is a start that failed: a daemon whose
 	// output vanishes is worse than one that is reported not running.
-	if _, err := fmt.Fprintf(logf, "--- nsfleet: starting %s in %s: %s\n", p.Name, nsName, strings.Join(p.Command, " ")); err != nil {
+	if _, err := fmt.Fprintf(logf, "--- nsfleet: starting %s in %s: %s\n", p.Name, nsName, strings.Join(argv, " ")); err != nil {
 		return nil, nil, fmt.Errorf("process %s: log %s: %w%s", p.Name, logPath, err, netns.FullOrReadOnly(logPath, err))
 	}
 	// Recorded as launching first: if nsfleet dies between the start and
@@ -298,7 +358,7 @@ func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int
 	// A Cmd that failed to start cannot be started again: build it anew
 	// for each try.
 	cmd, err := pool.RetryValue(func() (*exec.Cmd, error) {
-		cmd, err := Command(p.Command, Options{Stdin: devnull, Stdout: logf, Stderr: logf, Env: env, Privileges: PrivilegesOf(p)})
+		cmd, err := Command(argv, Options{Stdin: devnull, Stdout: logf, Stderr: logf, Env: env, Privileges: PrivilegesOf(p)})
 		if err != nil {
 			return nil, err
 		}
@@ -351,6 +411,7 @@ func (s *Store) Remove(ns, name string, grace time.Duration) error {
 	if err := s.Stop(r, grace); err != nil {
 		return err
 	}
+	os.Remove(s.ConfigPath(ns, name))
 	if err := os.Remove(s.recordPath(ns, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
@@ -424,8 +485,9 @@ func (s *Store) StopAll(ns string, grace time.Duration) error {
 	return errors.Join(errs...)
 }
 
-// Forget removes the records of a namespace that is gone (its logs stay).
+// Forget removes the records and configs of a namespace that is gone (its
+// logs stay).
 func (s *Store) Forget(ns string) error {
-	err := os.RemoveAll(filepath.Join(s.Dir, "procs", ns))
-	return err
+	os.RemoveAll(filepath.Join(s.Dir, "configs", ns))
+	return os.RemoveAll(filepath.Join(s.Dir, "procs", ns))
 }

@@ -4,9 +4,10 @@
 #
 #   scripts/ospf-converge.sh [-b NSFLEET] [-H HELLO] SHAPE ARGS...   e.g. torus 10 10
 #
-# Every router runs Debian's BIRD (bird2) with one shared configuration:
-# router id from the loopback, OSPF point to point on eth*, hello HELLO
-# seconds (default 1) and dead after 4 hellos.
+# Every router runs Debian's BIRD (bird2) from a config of its own, as
+# `nsfleet topo --bird HELLO` writes it: router id its loopback, OSPF
+# point to point on eth*, hello HELLO seconds (default 1), dead after 4
+# hellos, only the /32 loopbacks exported to the kernel.
 # Works in a private run dir under a unique prefix; removes everything at
 # the end, also on Ctrl-C. Prints up, convergence and teardown times and
 # the BIRD processes' mean and total resident memory.
@@ -16,11 +17,11 @@ while getopts "b:H:" o; do
 	case $o in
 	b) bin=$OPTARG ;;
 	H) hello=$OPTARG ;;
-	*) sed -n '2,12p' "$0" >&2; exit 2 ;;
+	*) sed -n '2,13p' "$0" >&2; exit 2 ;;
 	esac
 done
 shift $((OPTIND - 1))
-[ $# -ge 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "ospf-converge: needs root" >&2; exit 2; }
 command -v bird >/dev/null || { echo "ospf-converge: needs bird (apt-get install bird2)" >&2; exit 2; }
 work=$(mktemp -d /tmp/nsfleet-ospf.XXXXXX)
@@ -38,29 +39,14 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-cat >"$work/bird.conf" <<CONF
-log stderr all;
-router id from "lo" 10.255.0.0/16;
-protocol device { scan time 10; }
-protocol direct { ipv4; interface "lo"; }
-protocol kernel { ipv4 { export where source = RTS_OSPF; }; }
-protocol ospf v2 {
-  ipv4 { import all; export none; };
-  area 0 {
-    interface "eth*" { type ptp; hello $hello; dead $((4 * hello)); };
-    interface "lo" { stub yes; };
-  };
-}
-CONF
-"$bin" topo "$@" --prefix "$prefix" --no-ipv6 \
-	--process "{name: bird, command: [bird, -f, -c, $work/bird.conf, -s, \"$work/{name}.ctl\"], restart: always}" >"$spec"
+"$bin" topo "$@" --prefix "$prefix" --no-ipv6 --bird "$hello" >"$spec"
 echo "ospf-converge: $(head -1 "$spec" | sed 's/^# nsfleet topo: //')"
 t0=$(date +%s.%N)
 nsf up -f "$spec" --progress none
 t1=$(date +%s.%N)
 nsf topo wait -f "$spec" --timeout 30m
 t2=$(date +%s.%N)
-rss=$(ps -C bird -o rss=,args= | grep -F -- "$work/" | awk '{s += $1; n++} END {printf "%d processes, mean %.1f MiB, total %.0f MiB", n, s / n / 1024, s / 1024}')
+rss=$(ps -C bird -o rss=,args= | grep -F -- "$work/.nsfleet-netns/" | awk '{s += $1; n++} END {printf "%d processes, mean %.1f MiB, total %.0f MiB", n, s / n / 1024, s / 1024}')
 nsf down -f "$spec" --grace 2s --progress none | tail -1
 t3=$(date +%s.%N)
 awk -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" -v rss="$rss" 'BEGIN {

@@ -5,6 +5,8 @@ package spec
 import (
 	"fmt"
 	"net/netip"
+	"regexp"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -188,8 +190,15 @@ func (x *expander) processes() ([]Process, error) {
 		default:
 			return nil, x.bad(x.line, "process %q: restart %q: want always, on-failure or never", pt.Name, pt.Restart)
 		}
+		env := x.env
+		if pt.Config != "" {
+			if p.Config, err = expandConfig(pt.Config, x.env); err != nil {
+				return nil, x.bad(x.line, "process %q: config: %v", pt.Name, err)
+			}
+			env.config = true
+		}
 		for _, a := range pt.Command {
-			e, err := expand(a, x.env)
+			e, err := expand(a, env)
 			if err != nil {
 				return nil, x.bad(x.line, "process %q: %v", pt.Name, err)
 			}
@@ -198,7 +207,37 @@ func (x *expander) processes() ([]Process, error) {
 			}
 			p.Command = append(p.Command, e)
 		}
+		if p.Config != "" && !slices.ContainsFunc(p.Command, func(a string) bool { return strings.Contains(a, ConfigPlaceholder) }) {
+			return nil, x.bad(x.line, "process %q has a config, but its command does not name its file: put {config} where the daemon takes its configuration file, like [bird, -c, \"{config}\"]", pt.Name)
+		}
 		out = append(out, p)
+	}
+	return out, nil
+}
+
+// configPlaceholder is a placeholder nsfleet replaces in a config: {name},
+// {loopback} and {i} arithmetic. Every other brace is the daemon's own
+// syntax (BIRD, FRR and nginx configs are full of them) and stays.
+var configPlaceholder = regexp.MustCompile(`\{\s*(name|loopback|i(\s*[-+*/%]\s*[0-9]+)*)\s*\}`)
+
+// expandConfig expands a process's config for one namespace.
+func expandConfig(text string, env expandEnv) (string, error) {
+	var err error
+	out := configPlaceholder.ReplaceAllStringFunc(text, func(m string) string {
+		v, e := evalPlaceholder(m[1:len(m)-1], env)
+		if e != nil && err == nil {
+			err = fmt.Errorf("placeholder %q: %w", m, e)
+		}
+		return v
+	})
+	if err != nil {
+		return "", err
+	}
+	if len(out) > MaxConfig {
+		return "", fmt.Errorf("%d bytes expanded; at most %d", len(out), MaxConfig)
+	}
+	if strings.ContainsRune(out, 0) {
+		return "", fmt.Errorf("contains NUL")
 	}
 	return out, nil
 }

@@ -85,7 +85,19 @@ type Process struct {
 	NoNewPrivs   bool     `json:"no_new_privs,omitempty"` // prctl(PR_SET_NO_NEW_PRIVS): no privilege gained by exec
 	LogMax       int64    `json:"log_max,omitempty"`      // rotate the log past this many bytes; 0: DefaultLogMax
 	LogKeep      int      `json:"log_keep,omitempty"`     // rotated logs kept (NAME.log.1 ...); 0: DefaultLogKeep
+	// Config, if set, is the process's own configuration file: written
+	// by the supervisor before each start, and named in Command by
+	// ConfigPlaceholder. Expanded per namespace (see expandConfig).
+	Config string `json:"config,omitempty"`
 }
+
+// ConfigPlaceholder stands in a Command for the path of the process's
+// Config file, which only the supervisor knows.
+const ConfigPlaceholder = "{config}"
+
+// MaxConfig is the largest Config, expanded: a namespace's spec must stay
+// a small value in the cluster's store.
+const MaxConfig = 32 << 10
 
 // Defaults of a Process's log rotation.
 const (
@@ -216,6 +228,7 @@ type processTemplate struct {
 	NoNewPrivs   bool      `yaml:"no_new_privs"`
 	LogMax       string    `yaml:"log_max"`
 	LogKeep      *int      `yaml:"log_keep"`
+	Config       string    `yaml:"config"`
 }
 
 type vethTemplate struct {
@@ -456,6 +469,9 @@ func expandOne(path string, t template, idx, line int, vethLines, routeLines []i
 	}
 	if ns.Routes, err = x.routes(routeLines, ifaces); err != nil {
 		return Namespace{}, err
+	}
+	if len(ns.LoopbackAddrs) > 0 {
+		x.env.loopback = ns.LoopbackAddrs[0].Addr().String()
 	}
 	if ns.Processes, err = x.processes(); err != nil {
 		return Namespace{}, err

@@ -298,3 +298,45 @@ func BenchmarkParseHeterogeneous5000(b *testing.B) {
 func BenchmarkParseHeterogeneousWhole5000(b *testing.B) {
 	benchmarkParse(b, neutronSpec(5000, false), parseWhole)
 }
+
+// TestProcessConfig: a process's config is expanded per namespace
+// ({name}, {loopback}, {i}), every other brace stays (daemon syntax), and
+// {config} stays in the command for the supervisor.
+func TestProcessConfig(t *testing.T) {
+	y := `namespaces:
+  - name: "r{i}"
+    count: 2
+    loopback_addresses: ["10.255.0.{i}/32"]
+    processes:
+      - name: bird
+        command: [bird, -f, -c, "{config}", -s, "/run/lab/{name}.ctl"]
+        config: |
+          # {name}
+          router id {loopback};
+          protocol ospf v2 { area 0 { interface "eth*" { hello {i+1}; }; }; }
+          literal { not a placeholder } and {{ too
+`
+	f, err := Parse("c.yaml", []byte(y), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := f.Namespaces[1].Processes[0]
+	want := "# r2\nrouter id 10.255.0.2;\nprotocol ospf v2 { area 0 { interface \"eth*\" { hello 3; }; }; }\nliteral { not a placeholder } and {{ too\n"
+	if p.Config != want {
+		t.Fatalf("config:\n%s\nwant:\n%s", p.Config, want)
+	}
+	if p.Command[3] != ConfigPlaceholder || p.Command[5] != "/run/lab/r2.ctl" {
+		t.Fatalf("command %q", p.Command)
+	}
+	for bad, why := range map[string]string{
+		"namespaces:\n  - name: a\n    processes: [{name: x, command: [cat], config: hi}]\n":                                        "does not name its file",
+		"namespaces:\n  - name: a\n    processes: [{name: x, command: [cat, \"{config}\"]}]\n":                                      "has none",
+		"namespaces:\n  - name: a\n    processes: [{name: x, command: [cat, \"{config}\"], config: \"id {loopback}\"}]\n":           "needs a loopback address",
+		"namespaces:\n  - name: a\n    processes: [{name: x, command: [cat, \"{config}\"], config: \"" + strings.Repeat("x", MaxConfig+1) + "\"}]\n": "at most",
+	} {
+		_, err := Parse("c.yaml", []byte(bad), Options{})
+		if err == nil || !strings.Contains(err.Error(), why) || !strings.Contains(err.Error(), "c.yaml:") {
+			t.Errorf("%.60q: %v, want %q with file:line", bad, err, why)
+		}
+	}
+}

@@ -46,9 +46,11 @@ func expand(s string, env expandEnv) (string, error) {
 }
 
 type expandEnv struct {
-	i       int
-	name    string
-	hasName bool
+	i        int
+	name     string
+	hasName  bool
+	loopback string // the first loopback address, without its length; "": none
+	config   bool   // in a process with a config: {config} stays, for the supervisor
 }
 
 func evalPlaceholder(expr string, env expandEnv) (string, error) {
@@ -59,8 +61,20 @@ func evalPlaceholder(expr string, env expandEnv) (string, error) {
 		}
 		return env.name, nil
 	}
+	switch expr {
+	case "loopback":
+		if env.loopback == "" {
+			return "", fmt.Errorf("{loopback} needs a loopback address (loopback_addresses)")
+		}
+		return env.loopback, nil
+	case "config":
+		if !env.config {
+			return "", fmt.Errorf("{config} names the file of a process's 'config', and this process has none")
+		}
+		return ConfigPlaceholder, nil
+	}
 	if !strings.HasPrefix(expr, "i") {
-		return "", fmt.Errorf("unknown variable (want {i}, {i+N}, {i/N}, {i%%N}, {i*N} or {name})")
+		return "", fmt.Errorf("unknown variable (want {i}, {i+N}, {i/N}, {i%%N}, {i*N}, {name} or {loopback})")
 	}
 	v := env.i
 	rest := strings.TrimSpace(expr[1:])

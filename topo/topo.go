@@ -253,6 +253,33 @@ type Options struct {
 	// (each a "- " item of the processes list); "{name}" is the router's
 	// name.
 	Processes []string
+	// BirdHello, if above 0, runs BIRD (Debian's bird2) in every router
+	// with a configuration of its own: OSPF on every link, this many
+	// seconds between hellos (see BirdConfig).
+	BirdHello int
+}
+
+// BirdConfig is the BIRD configuration every router gets with
+// Options.BirdHello, as a spec config template ({loopback} is the
+// router's own address, the OSPF router id). OSPF runs point-to-point on
+// every link (eth*) and announces the loopback; only the /32 loopbacks go
+// into the kernel's table: a router needs a route to every other router,
+// and the links' /31s would triple the routes every router installs (the
+// kernel installs them one at a time, under one lock for the machine).
+func BirdConfig(hello int) string {
+	return fmt.Sprintf(`log stderr all;
+router id {loopback};
+protocol device { scan time 10; }
+protocol direct { ipv4; interface "lo"; }
+protocol kernel { ipv4 { export where source = RTS_OSPF && net.len = 32; }; }
+protocol ospf v2 {
+  ipv4 { import all; export none; };
+  area 0 {
+    interface "eth*" { type ptp; hello %d; dead %d; };
+    interface "lo" { stub yes; };
+  };
+}
+`, hello, 4*hello)
 }
 
 func (o *Options) check(t *Topology) error {
@@ -299,11 +326,18 @@ func (t *Topology) Write(w io.Writer, o Options) error {
 		if len(sysctls) > 0 {
 			fmt.Fprintf(b, "    sysctls: {%s}\n", strings.Join(sysctls, ", "))
 		}
-		if len(o.Processes) > 0 {
+		if len(o.Processes) > 0 || o.BirdHello > 0 {
 			b.WriteString("    processes:\n")
 			for _, p := range o.Processes {
 				fmt.Fprintf(b, "      %s\n", p)
 			}
+		}
+		if o.BirdHello > 0 {
+			b.WriteString("      - name: bird\n        command: [bird, -f, -c, \"{config}\", -s, \"{config}.ctl\"]\n        restart: always\n        config: |\n")
+			for _, l := range strings.SplitAfter(strings.TrimSuffix(BirdConfig(o.BirdHello), "\n"), "\n") {
+				b.WriteString("          " + l)
+			}
+			b.WriteString("\n")
 		}
 		off += r.Count
 	}

@@ -114,3 +114,32 @@ func TestRefused(t *testing.T) {
 }
 
 func second(_ *Topology, err error) error { return err }
+
+// TestBirdConfigPerRouter: with BirdHello, every router runs BIRD from a
+// config of its own whose router id is its loopback address.
+func TestBirdConfigPerRouter(t *testing.T) {
+	top, _ := FatTree("", 4)
+	var b strings.Builder
+	if err := top.Write(&b, Options{Addressing: DefaultAddressing, BirdHello: 2, Processes: []string{"- {name: other, command: [sleep, '1000']}"}}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := spec.Parse("bird.yaml", []byte(b.String()), spec.Options{})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b.String())
+	}
+	ids := map[string]bool{}
+	for _, ns := range f.Namespaces {
+		if len(ns.Processes) != 2 || ns.Processes[1].Name != "bird" {
+			t.Fatalf("%s: processes %+v", ns.Name, ns.Processes)
+		}
+		p := ns.Processes[1]
+		id := "router id " + ns.LoopbackAddrs[0].Addr().String() + ";"
+		if !strings.Contains(p.Config, id) || !strings.Contains(p.Config, "hello 2; dead 8;") || ids[id] {
+			t.Fatalf("%s: config\n%s", ns.Name, p.Config)
+		}
+		ids[id] = true
+		if !slices.Contains(p.Command, spec.ConfigPlaceholder) || p.Restart != spec.RestartAlways {
+			t.Fatalf("%s: %+v", ns.Name, p)
+		}
+	}
+}

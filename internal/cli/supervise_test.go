@@ -13,6 +13,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/fleet"
 	"github.com/nsfleet/nsfleet/internal/nstest"
+	"github.com/nsfleet/nsfleet/proc"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,6 +55,15 @@ func inNamespace(t *testing.T, pin string) []int {
 		}
 	}
 	return pids
+}
+
+func waitUntil(timeout time.Duration, ok func() bool) bool {
+	for deadline := time.Now().Add(timeout); !ok(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
 }
 
 func waitFor(t *testing.T, what string, timeout time.Duration, ok func() bool) {
@@ -323,5 +333,65 @@ func TestSuperviseSeesExitsAtOnceAndRotatesLogs(t *testing.T) {
 	}
 	if !strings.Contains(supErr.String(), `status="killed by SIGKILL"`) {
 		t.Errorf("the supervisor did not report the exit status of its child:\n%s", supErr.String())
+	}
+}
+
+// TestProcessConfigFile: a process's config is written per namespace where
+// {config} names it, readable by a daemon that is not root; a changed
+// config restarts the daemon with the new file; down removes the file.
+func TestProcessConfigFile(t *testing.T) {
+	rd := nstest.RunDir(t)
+	// The daemon runs as nobody: let it pass through the test's own
+	// temporary directories to the store, as it can through /run.
+	for d := filepath.Dir(rd.Path); d != "/"; d = filepath.Dir(d) {
+		if st, err := os.Stat(d); err == nil && st.Mode().Perm()&0o001 == 0 {
+			os.Chmod(d, st.Mode().Perm()|0o011)
+		}
+	}
+	p := nstest.Prefix(t)
+	spec := filepath.Join(t.TempDir(), "cfg.yaml")
+	write := func(version int) {
+		os.WriteFile(spec, []byte(fmt.Sprintf(`namespaces:
+  - name: "%[1]scfg{i}"
+    count: 2
+    loopback_addresses: ["10.255.9.{i}/32"]
+    processes:
+      - name: d
+        user: nobody
+        command: [sh, -c, 'cat "$0"; exec sleep 1000', "{config}"]
+        config: |
+          router id {loopback} of {name};
+          block { kept } version %[2]d
+`, p, version)), 0o644)
+	}
+	write(1)
+	t.Cleanup(func() { run("--run-dir", rd.Path, "down", "-f", spec, "--grace", "1s") })
+	if code, out, errs := run("--run-dir", rd.Path, "up", "-f", spec, "--progress", "none"); code != 0 {
+		t.Fatalf("up: %s %s", out, errs)
+	}
+	store := proc.StoreFor(rd)
+	ns := p + "cfg2"
+	logHas := func(s string) func() bool {
+		return func() bool { b, _ := os.ReadFile(store.LogPath(ns, "d")); return strings.Contains(string(b), s) }
+	}
+	if !waitUntil(10*time.Second, logHas("router id 10.255.9.2 of "+ns+";\nblock { kept } version 1\n")) {
+		b, _ := os.ReadFile(store.LogPath(ns, "d"))
+		t.Fatalf("the daemon did not print its config; its log:\n%s", b)
+	}
+	first := procsOf(t, rd.Path, spec)[ns+"/d"].PID
+
+	write(2)
+	if code, out, errs := run("--run-dir", rd.Path, "up", "-f", spec, "--progress", "none"); code != 0 {
+		t.Fatalf("second up: %s %s", out, errs)
+	}
+	waitFor(t, "the daemon to print its new config", 10*time.Second, logHas("block { kept } version 2\n"))
+	if now := procsOf(t, rd.Path, spec)[ns+"/d"].PID; now == first || now == 0 {
+		t.Fatalf("daemon not restarted on a config change: pid %d, before %d", now, first)
+	}
+	if code, out, errs := run("--run-dir", rd.Path, "down", "-f", spec, "--grace", "1s", "--progress", "none"); code != 0 {
+		t.Fatalf("down: %s %s", out, errs)
+	}
+	if _, err := os.Stat(store.ConfigPath(ns, "d")); !os.IsNotExist(err) {
+		t.Fatalf("config left after down: %v", err)
 	}
 }

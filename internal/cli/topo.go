@@ -14,7 +14,7 @@ import (
 
 func newTopo(g *globals) *cobra.Command {
 	var prefix, links, loopbacks string
-	var mtu int
+	var mtu, birdHello int
 	var noForward, noIPv6 bool
 	var processes []string
 	cmd := &cobra.Command{
@@ -44,11 +44,17 @@ address from --loopbacks (a /16) in router order. --no-ipv6 turns IPv6
 off in the routers before their links exist (an IPv4 lab is made about
 10% faster).
 
-With routing daemons in the routers (--process), 'nsfleet topo wait -f
-SPEC' waits until every router has a route to every other's loopback.`,
+Routing: --bird N runs BIRD in every router, OSPF on every link with
+hellos every N seconds, each router with a configuration of its own made
+from a template ({loopback} is its router id; see the spec's 'config'),
+its control socket beside it (nsfleet exec r1 birdc -s
+/run/.nsfleet-netns/configs/r1/bird.conf.ctl show route, for the default
+run dir). --process adds any other daemon. 'nsfleet topo wait -f SPEC'
+waits until every router has a route to every other's loopback.`,
 		Example: `  nsfleet topo torus 100 100 > torus.yaml && nsfleet up -f torus.yaml
   nsfleet topo fat-tree 16 > ft16.yaml
   nsfleet topo random 1000 4 42 --mtu 9000 > random.yaml
+  nsfleet topo torus 10 10 --bird 1 --no-ipv6 > ospf.yaml && nsfleet up -f ospf.yaml && nsfleet topo wait -f ospf.yaml
   nsfleet topo ring 10 --process '{name: bird, command: [bird, -f, -c, /etc/lab/bird.conf, -s, "/run/lab/{name}.ctl"]}'`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -56,7 +62,7 @@ SPEC' waits until every router has a route to every other's loopback.`,
 			if err != nil {
 				return usageError{err}
 			}
-			o := topo.Options{MTU: mtu, NoForward: noForward, NoIPv6: noIPv6}
+			o := topo.Options{MTU: mtu, NoForward: noForward, NoIPv6: noIPv6, BirdHello: birdHello}
 			if o.Addressing.Links, err = netip.ParsePrefix(links); err != nil {
 				return usageError{fmt.Errorf("--links %q: %w", links, err)}
 			}
@@ -81,6 +87,7 @@ SPEC' waits until every router has a route to every other's loopback.`,
 	f.BoolVar(&noForward, "no-forward", false, "do not set net.ipv4.ip_forward=1 in the routers")
 	f.BoolVar(&noIPv6, "no-ipv6", false, "turn IPv6 off in the routers (net.ipv6.conf.{all,default}.disable_ipv6)")
 	cmd.AddCommand(newTopoWait(g))
+	f.IntVar(&birdHello, "bird", 0, "run BIRD (bird2) with OSPF in every router, hellos every N seconds, each router with a config of its own (router id = its loopback); 0: none")
 	f.StringArrayVar(&processes, "process", nil, "a process every router runs, as a YAML flow mapping of the spec's processes list ({name} is the router's name); repeatable")
 	return cmd
 }

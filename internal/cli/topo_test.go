@@ -12,23 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// birdConf is one BIRD configuration for every router of a generated
-// topology: the router id is its loopback address, OSPF runs point to
-// point on every link and announces the loopback.
-const birdConf = `log stderr all;
-router id from "lo" 10.255.0.0/16;
-protocol device { scan time 10; }
-protocol direct { ipv4; interface "lo"; }
-protocol kernel { ipv4 { export where source = RTS_OSPF; }; }
-protocol ospf v2 {
-  ipv4 { import all; export none; };
-  area 0 {
-    interface "eth*" { type ptp; hello 1; dead 4; };
-    interface "lo" { stub yes; };
-  };
-}
-`
-
 // TestOSPFRing: a generated ring of routers running BIRD's OSPF converges
 // (topo wait reads every router's routes in its kernel); a link cut on
 // day two, the ring routes around it; up makes the link again and the
@@ -39,18 +22,20 @@ func TestOSPFRing(t *testing.T) {
 		t.Skip("BIRD (Debian's bird2) is not installed")
 	}
 	p := nstest.Prefix(t)
-	dir := t.TempDir()
+	// Short: BIRD's control socket goes beside its config in the store,
+	// and a socket's path has at most 107 bytes.
+	dir, err := os.MkdirTemp("", "ospf")
+	if err != nil {
+		t.Fatal(err)
+	}
 	rdir := filepath.Join(dir, "netns")
 	t.Cleanup(func() {
 		run("--run-dir", rdir, "down", "--prefix", p, "--grace", "1s")
 		unix.Unmount(rdir, unix.MNT_DETACH)
+		os.RemoveAll(dir)
 	})
-	conf := filepath.Join(dir, "bird.conf")
-	if err := os.WriteFile(conf, []byte(birdConf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	process := `{name: bird, command: [bird, -f, -c, ` + conf + `, -s, "` + dir + `/{name}.ctl"], restart: always}`
-	code, yaml, errs := run("topo", "ring", "6", "--prefix", p+"r", "--process", process)
+	// Every router gets a BIRD config of its own, from topo's template.
+	code, yaml, errs := run("topo", "ring", "6", "--prefix", p+"r", "--bird", "1")
 	if code != 0 {
 		t.Fatalf("topo: %d %s", code, errs)
 	}
@@ -67,6 +52,11 @@ func TestOSPFRing(t *testing.T) {
 		t.Fatalf("topo wait: %d %q %s", code, out, errs)
 	}
 	t.Logf("6 routers, OSPF: up to converged in %s", time.Since(start).Round(time.Millisecond))
+	// Each BIRD runs from its own config: r3's router id is r3's loopback.
+	ctl := filepath.Join(dir, ".nsfleet-netns", "configs", p+"r3", "bird.conf.ctl")
+	if out, err := exec.Command("birdc", "-s", ctl, "show", "status").CombinedOutput(); err != nil || !strings.Contains(string(out), "Router ID is 10.255.0.3") {
+		t.Fatalf("birdc show status: %v\n%s", err, out)
+	}
 
 	// Day two: the link between r1 and r2 cut inside r1. OSPF routes
 	// around the ring; the routers still reach every loopback.
