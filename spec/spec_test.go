@@ -329,9 +329,9 @@ func TestProcessConfig(t *testing.T) {
 		t.Fatalf("command %q", p.Command)
 	}
 	for bad, why := range map[string]string{
-		"namespaces:\n  - name: a\n    processes: [{name: x, command: [cat], config: hi}]\n":                                        "does not name its file",
-		"namespaces:\n  - name: a\n    processes: [{name: x, command: [cat, \"{config}\"]}]\n":                                      "has none",
-		"namespaces:\n  - name: a\n    processes: [{name: x, command: [cat, \"{config}\"], config: \"id {loopback}\"}]\n":           "needs a loopback address",
+		"namespaces:\n  - name: a\n    processes: [{name: x, command: [cat], config: hi}]\n":                                                         "does not name its file",
+		"namespaces:\n  - name: a\n    processes: [{name: x, command: [cat, \"{config}\"]}]\n":                                                       "has none",
+		"namespaces:\n  - name: a\n    processes: [{name: x, command: [cat, \"{config}\"], config: \"id {loopback}\"}]\n":                            "needs a loopback address",
 		"namespaces:\n  - name: a\n    processes: [{name: x, command: [cat, \"{config}\"], config: \"" + strings.Repeat("x", MaxConfig+1) + "\"}]\n": "at most",
 	} {
 		_, err := Parse("c.yaml", []byte(bad), Options{})
