@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -60,6 +61,12 @@ type AgentConfig struct {
 	// keepalives time it out) does not delay a renewal past the fence
 	// point while the others answer.
 	Renewers []*clientv3.Client
+	// TunnelAddr is this node's underlay address for links whose other
+	// end another node serves (see fleet.Tunnel); invalid: such links
+	// fail. TunnelPort (0: 4789) and TunnelMTU (0: 1500, the underlay's)
+	// complete it.
+	TunnelAddr            netip.Addr
+	TunnelPort, TunnelMTU int
 }
 
 // Agent makes one node serve what the cluster assigns to it. Its threading
@@ -111,6 +118,7 @@ type held struct {
 	served  map[string]bool            // assigned here at some time in this agent's life
 	applied map[string]*spec.Namespace // what each namespace was last made to match
 	foreign map[string]bool            // in the run dir, not nsfleet's: left alone
+	placed  map[string]string          // where each one's link peers were when applied (LinkPlaces)
 }
 
 // NewAgent checks the configuration.
@@ -132,7 +140,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	}
 	return &Agent{cfg: cfg, cli: cfg.Client, log: cfg.Log, peerHTTP: peerClient(cfg.PeerClientTLS),
 		kernel: &engine{rd: cfg.RunDir, workers: cfg.Workers, log: cfg.Log},
-		held:   held{served: map[string]bool{}, applied: map[string]*spec.Namespace{}, foreign: map[string]bool{}}}, nil
+		held:   held{served: map[string]bool{}, applied: map[string]*spec.Namespace{}, foreign: map[string]bool{}, placed: map[string]string{}}}, nil
 }
 
 // Healthy says whether the node serves: joined and not fenced.
@@ -254,6 +262,9 @@ func (a *Agent) join(ctx context.Context) error {
 	}
 	info := NodeInfo{Name: a.cfg.Node, Capacity: a.cfg.Capacity, AllowProcesses: a.cfg.AllowProcesses,
 		LeaseID: int64(lease), LeaseTTL: float64(ttl), Started: time.Now().UTC(), Version: a.cfg.Version, PeerURL: a.peerURL()}
+	if a.cfg.TunnelAddr.IsValid() {
+		info.TunnelAddr = a.cfg.TunnelAddr.String()
+	}
 	if a.lostLease {
 		info.Returned = info.Started
 	}

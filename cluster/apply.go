@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nsfleet/nsfleet/spec"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -146,13 +148,6 @@ func Apply(ctx context.Context, cli *clientv3.Client, f *spec.Fleet, o ApplyOpti
 	if err := ValidSpecName(o.Name); err != nil {
 		return res, err
 	}
-	if len(f.Links) > 0 {
-		// A link whose ends land on two nodes needs a tunnel between
-		// them, which the cluster does not make yet: refused whole,
-		// rather than served in part.
-		l := f.Links[0]
-		return res, fmt.Errorf("%s:%d: link %s: links between namespaces are not served by the cluster yet (only by 'nsfleet up' on one machine)", l.Origin.File, l.Origin.Line, &l)
-	}
 	if err := checkSchema(ctx, cli); err != nil {
 		return res, err
 	}
@@ -180,7 +175,7 @@ func apply(ctx context.Context, cli *clientv3.Client, f *spec.Fleet, o ApplyOpti
 		return res, nil
 	}
 	meta := SpecMeta{Name: o.Name, Source: o.Source, Count: len(f.Namespaces), Processes: f.HasProcesses(),
-		Applied: time.Now().UTC(), Version: o.Version}
+		Links: len(f.Links), Applied: time.Now().UTC(), Version: o.Version}
 	ops := append(plan.ops, clientv3.OpPut(SpecKey(o.Name), encode(meta)))
 	res.Keys = len(ops)
 	if !o.noSchema {
@@ -225,6 +220,7 @@ func planApply(ctx context.Context, cli *clientv3.Client, f *spec.Fleet, o Apply
 		clientv3.OpGet(NsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(HostsPrefix, clientv3.WithPrefix()),
 		clientv3.OpGet(SpecKey(o.Name)),
+		clientv3.OpGet(KeyVNINext),
 	).Commit()
 	if err != nil {
 		return nil, err
@@ -257,7 +253,16 @@ func planApply(ctx context.Context, cli *clientv3.Client, f *spec.Fleet, o Apply
 	if kvs := resp.Responses[3].GetResponseRange().Kvs; len(kvs) == 1 {
 		p.metaRev = kvs[0].ModRevision
 		var m SpecMeta
-		p.metaSame = json.Unmarshal(kvs[0].Value, &m) == nil && m.Source == o.Source && m.Count == len(f.Namespaces)
+		p.metaSame = json.Unmarshal(kvs[0].Value, &m) == nil && m.Source == o.Source && m.Count == len(f.Namespaces) && m.Links == len(f.Links)
+	}
+	if len(f.Links) > 0 {
+		op, err := allocateVNIs(f, stored, resp.Responses[4].GetResponseRange().Kvs)
+		if err != nil {
+			return nil, err
+		}
+		if op != nil {
+			p.ops = append(p.ops, *op)
+		}
 	}
 	// Removals first (see above), then claims, then namespaces.
 	want := map[string]bool{}
@@ -304,6 +309,64 @@ func planApply(ctx context.Context, cli *clientv3.Client, f *spec.Fleet, o Apply
 		p.ops = append(p.ops, clientv3.OpPut(NsKey(o.Name, ns.Name), string(val)))
 	}
 	return p, nil
+}
+
+// MaxVNI is the largest VXLAN network identifier (24 bits).
+const MaxVNI = 1<<24 - 1
+
+// allocateVNIs gives every link of f its VNI: the one stored for the same
+// link (same two ends), else the next from the cluster's counter
+// (vni-next), so that no two links of any specs share one and a link
+// keeps its own across applies. It returns the counter's update, if any.
+func allocateVNIs(f *spec.Fleet, stored map[string][]byte, counter []*mvccpb.KeyValue) (*clientv3.Op, error) {
+	had := map[string]uint32{}
+	for name, val := range stored {
+		ns, err := DecodeNamespace(name, val)
+		if err != nil {
+			continue // rewritten by this apply
+		}
+		for _, l := range ns.Links {
+			if l.VNI != 0 {
+				had[l.String()] = l.VNI
+			}
+		}
+	}
+	next := uint64(1)
+	if len(counter) == 1 {
+		n, err := strconv.ParseUint(string(counter[0].Value), 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%s holds %q, not a number", KeyVNINext, counter[0].Value)
+		}
+		next = n
+	}
+	start := next
+	vni := map[string]uint32{}
+	for i := range f.Links {
+		id := f.Links[i].String()
+		if v, ok := had[id]; ok {
+			vni[id] = v
+			continue
+		}
+		if next > MaxVNI {
+			return nil, fmt.Errorf("%s: link %s: the cluster has given out every VXLAN network identifier (%d)", f.Links[i].Origin.File, id, MaxVNI)
+		}
+		vni[id] = uint32(next)
+		next++
+	}
+	for i := range f.Links {
+		f.Links[i].VNI = vni[f.Links[i].String()]
+	}
+	for i := range f.Namespaces {
+		for k := range f.Namespaces[i].Links {
+			l := &f.Namespaces[i].Links[k]
+			l.VNI = vni[l.String()]
+		}
+	}
+	if next == start {
+		return nil, nil
+	}
+	op := clientv3.OpPut(KeyVNINext, strconv.FormatUint(next, 10))
+	return &op, nil
 }
 
 // conflicts refuses names and host interfaces another spec holds, naming

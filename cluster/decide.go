@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/nsfleet/nsfleet/spec"
 )
@@ -74,6 +75,12 @@ type Observation struct {
 	Applied    map[string]*spec.Namespace
 	Drifted    map[string]bool // OnDrift: the namespaces events named
 	AllDrifted bool            // OnDrift: events were lost; check them all
+	// Tunnels names the other nodes' tunnel addresses (TunnelPeers): where
+	// every tunnel end here sends what it has not learned.
+	Tunnels string
+	// Placed says, for each namespace with links, where its link peers
+	// were when it was last made to match (LinkPlaces).
+	Placed map[string]string
 }
 
 // Decision is what to do.
@@ -91,6 +98,9 @@ type Decision struct {
 	// were made to match before: what the engine removes that the new
 	// spec no longer asks for.
 	Previous map[string]*spec.Namespace
+	// Places: LinkPlaces of the Up namespaces that have links, for the
+	// agent to record once the engine confirmed them.
+	Places map[string]string
 	// Supervise: the wanted namespaces whose processes the agent keeps
 	// running; empty: no supervisor.
 	Supervise []string
@@ -151,14 +161,51 @@ func Decide(t Trigger, o Observation) Decision {
 			}
 			d.Previous[n] = prev
 		}
-		if changed || !applied || t == OnResync || t == OnDrift && (o.AllDrifted || o.Drifted[n]) {
+		// A link changes form when its other end comes here (a veth) or
+		// leaves (a tunnel), and a tunnel end's flood list with the nodes.
+		places, moved := "", false
+		if len(want.Links) > 0 {
+			places = LinkPlaces(want, d.Want, o.Tunnels)
+			moved = places != o.Placed[n]
+		}
+		if changed || moved || !applied || t == OnResync || t == OnDrift && (o.AllDrifted || o.Drifted[n]) {
 			d.Up = append(d.Up, n)
+			if places != "" {
+				if d.Places == nil {
+					d.Places = map[string]string{}
+				}
+				d.Places[n] = places
+			}
 		}
 		if len(want.Processes) > 0 {
 			d.Supervise = append(d.Supervise, n)
 		}
 	}
 	return d
+}
+
+// LinkPlaces says where the other ends of ns's links are: for each link,
+// the other namespace and whether it is served here (among want, sorted);
+// and, when one is not, the nodes the tunnels flood to (tunnels). Two
+// different values mean some link of ns must change form.
+func LinkPlaces(ns *spec.Namespace, want []string, tunnels string) string {
+	var b strings.Builder
+	remote := false
+	for i := range ns.Links {
+		_, other := ns.Links[i].Ends(ns.Name)
+		here := isIn(want, other.Namespace)
+		remote = remote || !here
+		b.WriteString(other.Namespace)
+		if here {
+			b.WriteString(" here\n")
+		} else {
+			b.WriteString(" elsewhere\n")
+		}
+	}
+	if remote {
+		b.WriteString("tunnels to " + tunnels)
+	}
+	return b.String()
 }
 
 func isIn(sorted []string, s string) bool {

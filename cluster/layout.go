@@ -16,6 +16,7 @@
 //	/nsfleet/v2/specs/SPEC           SpecMeta: one applied spec (name, file, count)
 //	/nsfleet/v2/ns/SPEC/NAME         spec.Namespace: one namespace, expanded
 //	/nsfleet/v2/hosts/SPEC/IF        NAME: the spec's claim on a host interface
+//	/nsfleet/v2/vni-next             the next VXLAN network identifier for a link
 //	/nsfleet/v2/apply-lock/...       applies and deletes take turns (etcd mutex)
 //	/nsfleet/v2/nodes/NODE           NodeInfo, bound to the node's lease
 //	/nsfleet/v2/status/NODE          NodeStatus, bound to the node's lease
@@ -65,6 +66,7 @@ const (
 	SpecsPrefix    = Prefix + "specs/"
 	NsPrefix       = Prefix + "ns/"
 	HostsPrefix    = Prefix + "hosts/"
+	KeyVNINext     = Prefix + "vni-next"
 	LockPrefix     = Prefix + "apply-lock"
 	NodesPrefix    = Prefix + "nodes/"
 	StatusPrefix   = Prefix + "status/"
@@ -103,6 +105,7 @@ type SpecMeta struct {
 	Source    string    `json:"source"` // the file applied, for messages (file:line)
 	Count     int       `json:"count"`
 	Processes bool      `json:"processes,omitempty"` // some namespace runs processes
+	Links     int       `json:"links,omitempty"`     // links between its namespaces
 	Applied   time.Time `json:"applied"`
 	Version   string    `json:"version,omitempty"` // of the nsfleet that applied it
 }
@@ -119,6 +122,9 @@ type NodeInfo struct {
 	// PeerURL is where the agent answers its peers' failsafe question;
 	// "": it does not take part.
 	PeerURL string `json:"peer_url,omitempty"`
+	// TunnelAddr is the node's underlay address for the VXLAN tunnels of
+	// links between namespaces on two nodes; "": it makes none.
+	TunnelAddr string `json:"tunnel_addr,omitempty"`
 	// Returned is when the node came back: its agent joined with a new
 	// lease after it had lost one. Balance moves nothing onto it for a
 	// while (NodeView.Settling).

@@ -166,6 +166,10 @@ type Report struct {
 	Scheduler  string       `json:"scheduler,omitempty"`
 	Nodes      []NodeReport `json:"nodes"`
 	Failovers  []Failover   `json:"failovers"`
+	// Links between stored namespaces, and how many of them join two
+	// nodes (each a VXLAN tunnel, see fleet.Tunnel).
+	Links    int `json:"links,omitempty"`
+	LinksCut int `json:"links_cut,omitempty"`
 	// Unreadable: keys whose value does not decode, and why.
 	Unreadable []string `json:"unreadable,omitempty"`
 }
@@ -233,6 +237,9 @@ func Status(ctx context.Context, cli *clientv3.Client) (*Report, error) {
 		r.Assigned += nr.Assigned
 		r.Ready += nr.Ready
 		r.Nodes = append(r.Nodes, nr)
+	}
+	if g, err := ReadGraph(ctx, cli, s); err == nil {
+		r.Links, r.LinksCut = g.Links(), g.Cut(Placement(s.Assign))
 	}
 	if r.Unassigned = r.SpecCount - r.Assigned; r.Unassigned < 0 {
 		r.Unassigned = 0

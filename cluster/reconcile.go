@@ -23,7 +23,8 @@ type nodeKernel interface {
 	teardown(ctx context.Context, names []string, each func(fleet.Result)) error
 	// up brings f's namespaces to their spec; prev says what each was made
 	// to match before, for what the spec no longer asks.
-	up(ctx context.Context, f *spec.Fleet, prev map[string]*spec.Namespace, each func(fleet.Result)) (fleet.Summary, error)
+	// tun carries the links whose other end another node serves.
+	up(ctx context.Context, f *spec.Fleet, prev map[string]*spec.Namespace, tun *fleet.Tunnel, each func(fleet.Result)) (fleet.Summary, error)
 }
 
 // engine is the nodeKernel of `nsfleet up` and `nsfleet down`.
@@ -44,8 +45,8 @@ func (e *engine) teardown(ctx context.Context, names []string, each func(fleet.R
 	return err
 }
 
-func (e *engine) up(ctx context.Context, f *spec.Fleet, prev map[string]*spec.Namespace, each func(fleet.Result)) (fleet.Summary, error) {
-	opts := fleet.UpOptions{Options: fleet.Options{RunDir: e.rd, Workers: e.workers, Log: e.log, OnResult: each}}
+func (e *engine) up(ctx context.Context, f *spec.Fleet, prev map[string]*spec.Namespace, tun *fleet.Tunnel, each func(fleet.Result)) (fleet.Summary, error) {
+	opts := fleet.UpOptions{Options: fleet.Options{RunDir: e.rd, Workers: e.workers, Log: e.log, OnResult: each}, Tunnel: tun}
 	if len(prev) > 0 {
 		opts.Previous = func(name string) *spec.Namespace { return prev[name] }
 	}
@@ -59,6 +60,7 @@ func (a *Agent) observe(t Trigger) Observation {
 		Assigned: d.assign.Names, AssignErr: d.assignErr(),
 		AllowProcesses: a.cfg.AllowProcesses, Fenced: a.fenced.Load() || a.failsafe.Load() || a.pastFencePoint(),
 		Foreign: a.held.foreign, Served: a.held.served, Applied: a.held.applied,
+		Placed: a.held.placed, Tunnels: a.desired.tunnelList(),
 	}
 	if d.catalog != nil {
 		o.Fleet = d.catalog
@@ -144,6 +146,7 @@ func (a *Agent) teardown(ctx context.Context, names []string, fail *failures) bo
 	ok, deleted := true, 0
 	err := a.kernel.teardown(ctx, names, func(r fleet.Result) {
 		delete(a.held.applied, r.Name)
+		delete(a.held.placed, r.Name)
 		switch {
 		case r.Action == fleet.Skipped:
 			a.held.foreign[r.Name] = true
@@ -179,10 +182,11 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 		defer a.drift.quiet()()
 	}
 	start := time.Now()
-	sum, err := a.kernel.up(ctx, cat.subset(dec.Up), dec.Previous, func(r fleet.Result) {
+	sum, err := a.kernel.up(ctx, cat.subset(dec.Up), dec.Previous, a.tunnel(dec.Want), func(r fleet.Result) {
 		switch {
 		case r.Err != nil || r.Action == fleet.Failed:
 			delete(a.held.applied, r.Name)
+			delete(a.held.placed, r.Name)
 			if r.Err != nil {
 				fail.note(r.Err)
 			}
@@ -193,6 +197,9 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 			// The catalog's own value: while it is not replaced, Decide
 			// compares it with itself in O(1).
 			a.held.applied[r.Name], _ = cat.Lookup(r.Name)
+			if p, ok := dec.Places[r.Name]; ok {
+				a.held.placed[r.Name] = p
+			}
 		}
 	})
 	if err != nil {
@@ -203,6 +210,16 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 			"changed", len(dec.Previous), "failed", sum.Counts[fleet.Failed]+sum.Counts[fleet.Skipped],
 			"took", time.Since(start).Round(time.Millisecond))
 	}
+}
+
+// tunnel says how this node makes the ends of links whose other
+// namespace is not among want (served elsewhere).
+func (a *Agent) tunnel(want []string) *fleet.Tunnel {
+	if !a.cfg.TunnelAddr.IsValid() {
+		return nil
+	}
+	return &fleet.Tunnel{Remote: func(n string) bool { return !isIn(want, n) },
+		Local: a.cfg.TunnelAddr, Peers: a.desired.tunnelPeers(), Port: a.cfg.TunnelPort, MTU: a.cfg.TunnelMTU}
 }
 
 // hostVeths lists the host ends of the named namespaces' veths.

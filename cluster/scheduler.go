@@ -30,6 +30,30 @@ type scheduler struct {
 	// afterBatch, if set, is called after each transaction of a chained
 	// commit (tests cut a plan off there).
 	afterBatch func(i int)
+	// graph: the links of the stored specs, as read for graphKey.
+	graph    Graph
+	graphKey string
+}
+
+// links returns the stored specs' links, read again only when one of the
+// specs with links was applied, deleted or added since the last read.
+func (sc *scheduler) links(ctx context.Context, snap *Snapshot) (Graph, error) {
+	key := graphKey(snap)
+	if key == sc.graphKey {
+		return sc.graph, nil
+	}
+	if key == "" {
+		sc.graph, sc.graphKey = nil, ""
+		return nil, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, sc.timeout)
+	defer cancel()
+	g, err := ReadGraph(rctx, sc.cli, snap)
+	if err != nil {
+		return nil, err
+	}
+	sc.graph, sc.graphKey = g, key
+	return g, nil
 }
 
 // lead campaigns with the node's lease and, once elected, schedules on
@@ -251,6 +275,11 @@ func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string
 	now := time.Now().UTC()
 	st := StateOf(snap, snap.Names)
 	st.MaxMoves = cmp.Or(sc.maxMoves, DefaultMaxMoves)
+	g, err := sc.links(ctx, snap)
+	if err != nil {
+		return err
+	}
+	st.Linked = g
 	markSettling(&st, snap, now, cmp.Or(sc.settle, DefaultSettle))
 	sc.markSuspects(ctx, &st, snap)
 	p := Schedule(st)

@@ -356,17 +356,32 @@ func TestMarkSuspects(t *testing.T) {
 	}
 }
 
-// Links between namespaces are refused by the cluster, whole, naming the
-// first link's line; nothing is written.
-func TestApplyRefusesLinks(t *testing.T) {
+// A spec with links is stored with a VNI for every link, in both of its
+// namespaces' values, from the cluster's counter; applied again, the
+// links keep theirs and nothing is written; the status reads the links.
+func TestApplyLinks(t *testing.T) {
 	cli := testEtcd(t)
-	f := mustParse(t, "lab.yaml", "namespaces:\n  - name: \"r{i}\"\n    count: 2\nlinks:\n  - {a: r1:e0, b: r2:e0}\n")
-	_, err := Apply(context.Background(), cli, f, ApplyOptions{Name: "lab", Source: "lab.yaml"})
-	if err == nil || !strings.Contains(err.Error(), "lab.yaml:5: link r1:e0=r2:e0: links between namespaces are not served by the cluster") {
-		t.Fatalf("apply of a spec with links: %v", err)
+	ctx := context.Background()
+	f := mustParse(t, "lab.yaml", "namespaces:\n  - name: \"r{i}\"\n    count: 3\nlinks:\n  - {a: \"r{i}:e1\", b: \"r{i+1}:e0\", count: 2}\n")
+	res, err := Apply(ctx, cli, f, ApplyOptions{Name: "lab", Source: "lab.yaml"})
+	if err != nil || res.Added != 3 {
+		t.Fatalf("apply: %+v %v", res, err)
 	}
-	if resp, _ := cli.Get(context.Background(), Prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); resp.Count != 0 {
-		t.Errorf("%d keys written", resp.Count)
+	resp, err := cli.Get(ctx, NsKey("lab", "r2"))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("r2: %v", err)
+	}
+	r2, err := DecodeNamespace("r2", resp.Kvs[0].Value)
+	if err != nil || len(r2.Links) != 2 || r2.Links[0].VNI == 0 || r2.Links[1].VNI == r2.Links[0].VNI {
+		t.Fatalf("r2 stored: %+v %v", r2, err)
+	}
+	again := mustParse(t, "lab.yaml", "namespaces:\n  - name: \"r{i}\"\n    count: 3\nlinks:\n  - {a: \"r{i}:e1\", b: \"r{i+1}:e0\", count: 2}\n")
+	if res, err := Apply(ctx, cli, again, ApplyOptions{Name: "lab", Source: "lab.yaml"}); err != nil || res.Changes() != 0 || res.Keys != 0 {
+		t.Fatalf("second apply: %+v %v", res, err)
+	}
+	rep, err := Status(ctx, cli)
+	if err != nil || rep.Links != 2 || rep.LinksCut != 0 {
+		t.Fatalf("status links %d cut %d: %v", rep.Links, rep.LinksCut, err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -28,6 +29,51 @@ type desired struct {
 	parts     map[string]Assignment
 	assign    Assignment
 	assignBad map[string]error // bucket key -> why it does not decode
+	// tunnels are the other live nodes' tunnel addresses, by node.
+	tunnels map[string]netip.Addr
+}
+
+// setTunnel records node's tunnel address (invalid: none, or the node is
+// gone) and reports whether that changed anything.
+func (d *desired) setTunnel(node string, addr netip.Addr) bool {
+	if d.tunnels == nil {
+		d.tunnels = map[string]netip.Addr{}
+	}
+	old, had := d.tunnels[node]
+	if !addr.IsValid() {
+		delete(d.tunnels, node)
+		return had
+	}
+	d.tunnels[node] = addr
+	return !had || old != addr
+}
+
+// tunnelPeers lists the other nodes' tunnel addresses, sorted.
+func (d *desired) tunnelPeers() []netip.Addr {
+	out := make([]netip.Addr, 0, len(d.tunnels))
+	for _, a := range d.tunnels {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// tunnelList is tunnelPeers as one string, for Decide.
+func (d *desired) tunnelList() string {
+	var b strings.Builder
+	for _, a := range d.tunnelPeers() {
+		b.WriteString(a.String() + " ")
+	}
+	return b.String()
+}
+
+// tunnelAddr reads a node's announced tunnel address (invalid: none).
+func tunnelAddr(info NodeInfo) netip.Addr {
+	a, err := netip.ParseAddr(info.TunnelAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return a
 }
 
 // catalog holds every stored namespace as its raw value and decodes one
@@ -140,6 +186,12 @@ func (c *catalog) errs(names []string) error {
 func (a *Agent) load(snap *Snapshot, nsKvs map[string][]byte) {
 	a.peers.set(snap.Nodes, a.cfg.Node)
 	d := &a.desired
+	d.tunnels = nil
+	for n, info := range snap.Nodes {
+		if n != a.cfg.Node {
+			d.setTunnel(n, tunnelAddr(info))
+		}
+	}
 	d.rev = snap.Rev
 	old := d.catalog
 	d.catalog = newCatalog()
@@ -342,11 +394,14 @@ func (a *Agent) takeEvent(ev *clientv3.Event) bool {
 		return true
 	case strings.HasPrefix(k, NodesPrefix) && NodeOf(k, NodesPrefix) != a.cfg.Node:
 		var info NodeInfo
+		node := NodeOf(k, NodesPrefix)
 		switch {
 		case del:
-			a.peers.remove(NodeOf(k, NodesPrefix))
+			a.peers.remove(node)
+			return d.setTunnel(node, netip.Addr{})
 		case json.Unmarshal(ev.Kv.Value, &info) == nil:
-			a.peers.put(NodeOf(k, NodesPrefix), info.PeerURL)
+			a.peers.put(node, info.PeerURL)
+			return d.setTunnel(node, tunnelAddr(info))
 		}
 	}
 	return false

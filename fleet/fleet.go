@@ -70,6 +70,9 @@ type UpOptions struct {
 	// the new one does not (see Prune): the cluster's agent knows it; a
 	// one-node `up` does not, and only adds and repairs.
 	Previous func(name string) *spec.Namespace
+	// Tunnel, if set, carries the links whose other end another node
+	// serves (a cluster's agent sets it; see tunnel.go).
+	Tunnel *Tunnel
 }
 
 // ListOptions are List's.

@@ -37,6 +37,7 @@ type linkWorker struct {
 	rd     *netns.RunDir
 	dryRun bool
 	thread *netns.Thread
+	host   *rtnl.Conn // in nsfleet's own namespace, for tunnels; opened on first use
 }
 
 func newLinkWorker(rd *netns.RunDir, dryRun bool) (*linkWorker, error) {
@@ -47,7 +48,12 @@ func newLinkWorker(rd *netns.RunDir, dryRun bool) (*linkWorker, error) {
 	return &linkWorker{rd: rd, dryRun: dryRun, thread: t}, nil
 }
 
-func (w *linkWorker) close() { w.thread.Close() }
+func (w *linkWorker) close() {
+	if w.host != nil {
+		w.host.Close()
+	}
+	w.thread.Close()
+}
 
 // linkSide is one end of a link as found: the namespace open, a
 // connection inside it, and the interface there, if any.
@@ -286,6 +292,15 @@ func (lp *linkPhases) mustCheck(end spec.LinkEnd) bool {
 	return !lp.opts.Adopt && (!ok || lp.existing[i])
 }
 
+// tunnelled reports whether l's other end is served by another node.
+func (lp *linkPhases) tunnelled(l *spec.Link) bool {
+	if lp.opts.Tunnel == nil {
+		return false
+	}
+	_, _, ok := lp.opts.Tunnel.split(l)
+	return ok
+}
+
 // blocked says why a link cannot be made now ("" if it can): one of its
 // namespaces failed, is not nsfleet's, or is only planned (dry run).
 func (lp *linkPhases) blocked(l *spec.Link) (string, Action) {
@@ -325,6 +340,8 @@ func (lp *linkPhases) run(ctx context.Context, rd *netns.RunDir, nw int, newWork
 			res[i].did = []string{"link " + l.String()}
 		case why != "":
 			res[i].err = fmt.Errorf("link %s: %s", l, why)
+		case lp.tunnelled(l):
+			res[i].did, res[i].err = w.tunnelUp(l, lp.opts.Tunnel, lp.mustCheck)
 		default:
 			res[i].did, res[i].err = w.up(l, lp.mustCheck)
 		}

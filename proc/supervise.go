@@ -365,6 +365,11 @@ func (s *Store) Launch(ns *netns.NS, nsName string, p spec.Process, restarts int
 		// A session of its own: no controlling terminal, and the whole
 		// group can be signalled at once (daemons fork).
 		cmd.SysProcAttr.Setsid = true
+		if p.Config != "" {
+			// Beside its config: what it names relatively (a control
+			// socket, whose path may have at most 107 bytes) goes there.
+			cmd.Dir = filepath.Dir(s.ConfigPath(nsName, p.Name))
+		}
 		return cmd, Start(ns, cmd)
 	})
 	if err != nil {

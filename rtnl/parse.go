@@ -56,11 +56,18 @@ func parseLink(b []byte) (Link, error) {
 				l.PeerElsewhere = true
 			}
 		case unix.IFLA_LINKINFO:
+			var data []byte
 			err := walkAttrs(a.val, func(i attr) {
-				if i.typ == unix.IFLA_INFO_KIND {
+				switch i.typ {
+				case unix.IFLA_INFO_KIND:
 					l.Type = cstring(i.val)
+				case unix.IFLA_INFO_DATA:
+					data = i.val
 				}
 			})
+			if err == nil && l.Type == "vxlan" && data != nil {
+				l.Vxlan, err = parseVxlan(data)
+			}
 			if err != nil && ierr == nil {
 				ierr = fmt.Errorf("link %d linkinfo: %w", l.Index, err)
 			}

@@ -197,6 +197,8 @@ type Link struct {
 	// freed has lost its id before its devices are gone.
 	PeerElsewhere bool
 	Master        int // ifindex of the bridge or bond it is enslaved to, or 0
+	// Vxlan, for a VXLAN device: what it tunnels as (nil otherwise).
+	Vxlan *VxlanInfo
 }
 
 // Links dumps every link (statistics left out). Works on a lite Conn.

@@ -15,6 +15,10 @@ type Link struct {
 	B   LinkEnd `json:"b"`
 	MTU int     `json:"mtu,omitempty"` // 0: the kernel's default
 	Up  bool    `json:"up"`
+	// VNI is the VXLAN network identifier of the tunnel that carries the
+	// link when its ends are served by two nodes of a cluster (which
+	// allocates it when the spec is applied); 0 in a spec file.
+	VNI uint32 `json:"vni,omitempty"`
 	// Origin is the links: template and its index; Namespace.Same does
 	// not compare it.
 	Origin Origin `json:"origin,omitzero"`
@@ -264,7 +268,7 @@ func (ns *Namespace) checkDevices(path string) error {
 // sameLinks compares two namespaces' links, origins left out.
 func sameLinks(a, b []Link) bool {
 	return slices.EqualFunc(a, b, func(x, y Link) bool {
-		return x.MTU == y.MTU && x.Up == y.Up && sameEnd(x.A, y.A) && sameEnd(x.B, y.B)
+		return x.MTU == y.MTU && x.Up == y.Up && x.VNI == y.VNI && sameEnd(x.A, y.A) && sameEnd(x.B, y.B)
 	})
 }
 

@@ -333,7 +333,7 @@ func (t *Topology) Write(w io.Writer, o Options) error {
 			}
 		}
 		if o.BirdHello > 0 {
-			b.WriteString("      - name: bird\n        command: [bird, -f, -c, \"{config}\", -s, \"{config}.ctl\"]\n        restart: always\n        config: |\n")
+			b.WriteString("      - name: bird\n        command: [bird, -f, -c, \"{config}\", -s, bird.ctl]\n        restart: always\n        config: |\n")
 			for _, l := range strings.SplitAfter(strings.TrimSuffix(BirdConfig(o.BirdHello), "\n"), "\n") {
 				b.WriteString("          " + l)
 			}

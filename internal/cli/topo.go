@@ -47,9 +47,9 @@ off in the routers before their links exist (an IPv4 lab is made about
 Routing: --bird N runs BIRD in every router, OSPF on every link with
 hellos every N seconds, each router with a configuration of its own made
 from a template ({loopback} is its router id; see the spec's 'config'),
-its control socket beside it (nsfleet exec r1 birdc -s
-/run/.nsfleet-netns/configs/r1/bird.conf.ctl show route, for the default
-run dir). --process adds any other daemon. 'nsfleet topo wait -f SPEC'
+its control socket beside it (birdc -s
+/run/.nsfleet-netns/configs/r1/bird.ctl show route, for the default run
+dir). --process adds any other daemon. 'nsfleet topo wait -f SPEC'
 waits until every router has a route to every other's loopback.`,
 		Example: `  nsfleet topo torus 100 100 > torus.yaml && nsfleet up -f torus.yaml
   nsfleet topo fat-tree 16 > ft16.yaml

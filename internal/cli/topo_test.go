@@ -22,17 +22,11 @@ func TestOSPFRing(t *testing.T) {
 		t.Skip("BIRD (Debian's bird2) is not installed")
 	}
 	p := nstest.Prefix(t)
-	// Short: BIRD's control socket goes beside its config in the store,
-	// and a socket's path has at most 107 bytes.
-	dir, err := os.MkdirTemp("", "ospf")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := t.TempDir()
 	rdir := filepath.Join(dir, "netns")
 	t.Cleanup(func() {
 		run("--run-dir", rdir, "down", "--prefix", p, "--grace", "1s")
 		unix.Unmount(rdir, unix.MNT_DETACH)
-		os.RemoveAll(dir)
 	})
 	// Every router gets a BIRD config of its own, from topo's template.
 	code, yaml, errs := run("topo", "ring", "6", "--prefix", p+"r", "--bird", "1")
@@ -53,9 +47,11 @@ func TestOSPFRing(t *testing.T) {
 	}
 	t.Logf("6 routers, OSPF: up to converged in %s", time.Since(start).Round(time.Millisecond))
 	// Each BIRD runs from its own config: r3's router id is r3's loopback.
-	ctl := filepath.Join(dir, ".nsfleet-netns", "configs", p+"r3", "bird.conf.ctl")
-	if out, err := exec.Command("birdc", "-s", ctl, "show", "status").CombinedOutput(); err != nil || !strings.Contains(string(out), "Router ID is 10.255.0.3") {
-		t.Fatalf("birdc show status: %v\n%s", err, out)
+	// (From its directory: the socket's full path may pass 107 bytes.)
+	birdc := exec.Command("birdc", "-s", "bird.ctl", "show", "status")
+	birdc.Dir = filepath.Join(dir, ".nsfleet-netns", "configs", p+"r3")
+	if out, err := birdc.CombinedOutput(); err != nil || !strings.Contains(string(out), "Router ID is 10.255.0.3") {
+		t.Fatalf("birdc show status in %s: %v\n%s", birdc.Dir, err, out)
 	}
 
 	// Day two: the link between r1 and r2 cut inside r1. OSPF routes

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"net/http/pprof"
 	"os"
 	"path/filepath"
@@ -105,6 +107,9 @@ nothing else.`,
 					return fmt.Errorf("agent: %w", err)
 				}
 			}
+			if cfg.TunnelAddr, err = tunnelAddr(local.tunnelAddr, cfg.PeerAddr, eps); err != nil {
+				return usageError{fmt.Errorf("agent: %w", err)}
+			}
 			cfg.RunDir, cfg.Metrics = rd, cluster.NewMetrics(cfg.Node)
 			cfg.Log, cfg.Version, cfg.NoWatchdog = g.log.With("node", cfg.Node), version.String(), !local.watchdog
 			a, err := cluster.NewAgent(cfg)
@@ -133,6 +138,39 @@ nothing else.`,
 type agentLocal struct {
 	runDir, metricsAddr, dataDir string
 	watchdog, pprof              bool
+	tunnelAddr                   string
+}
+
+// tunnelAddr is the agent's underlay address for tunnels: the one given,
+// else the host of --peer-addr, else the address this node sends from to
+// reach etcd (a UDP socket's choice: nothing is sent).
+func tunnelAddr(given, peerAddr string, eps []string) (netip.Addr, error) {
+	if given != "" {
+		a, err := netip.ParseAddr(given)
+		if err != nil || !a.Is4() {
+			return netip.Addr{}, fmt.Errorf("--tunnel-addr %q: want an IPv4 address of this node", given)
+		}
+		return a, nil
+	}
+	if host, _, err := net.SplitHostPort(peerAddr); err == nil {
+		if a, err := netip.ParseAddr(host); err == nil && a.Is4() {
+			return a, nil
+		}
+	}
+	for _, ep := range eps {
+		u, err := url.Parse(ep)
+		if err != nil || u.Host == "" {
+			continue
+		}
+		c, err := net.Dial("udp4", u.Host)
+		if err != nil {
+			continue
+		}
+		a := c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap()
+		c.Close()
+		return a, nil
+	}
+	return netip.Addr{}, nil
 }
 
 func agentFlags(cmd *cobra.Command, cfg *cluster.AgentConfig, local *agentLocal) {
@@ -150,6 +188,9 @@ func agentFlags(cmd *cobra.Command, cfg *cluster.AgentConfig, local *agentLocal)
 	f.StringVar(&cfg.PeerAddr, "peer-addr", "", "host:port on the node network where this agent answers its peers (announced in etcd); with it, an agent that loses etcd keeps serving while no peer reaches etcd either (failsafe); empty: it fences. With --etcd-ca, --etcd-cert and --etcd-key the peers speak mutual TLS with those certificates")
 	f.DurationVar(&cfg.RebalanceAfter, "rebalance-after", cluster.DefaultSettle, "when this agent schedules: a node that came back (new lease after a pause or partition) gets namespaces moved onto it by balance only after this long")
 	f.BoolVar(&local.watchdog, "watchdog", true, "run a watchdog process that sets this node's host veths down when the agent stops extending its deadline (stopped, frozen, or gone without a successor), at the moment the agent would have fenced")
+	f.StringVar(&local.tunnelAddr, "tunnel-addr", "", "this node's IPv4 address for the VXLAN tunnels of links whose two namespaces are on two nodes (default: the host of --peer-addr, else the address this node reaches etcd from)")
+	f.IntVar(&cfg.TunnelPort, "tunnel-port", 4789, "UDP port of those tunnels, the same on every node")
+	f.IntVar(&cfg.TunnelMTU, "tunnel-mtu", 1500, "MTU of the node network under those tunnels: a tunnelled link's ends get at most this less 50 (VXLAN's overhead)")
 	f.IntVar(&cfg.MaxMoves, "max-moves", cluster.DefaultMaxMoves, "when this agent schedules: most namespaces balance moves in one step (failover and drain are not bounded)")
 }
 

@@ -263,6 +263,9 @@ func printStatus(w io.Writer, r *cluster.Report) {
 		for _, sp := range r.Specs {
 			fmt.Fprintf(w, "spec %s: %d namespaces from %s, applied %s\n", sp.Name, sp.Namespaces, sp.Source, sp.Applied.Format(time.RFC3339))
 		}
+		if r.Links > 0 {
+			fmt.Fprintf(w, "links: %d, %d cut (their two namespaces on two nodes: a VXLAN tunnel each)\n", r.Links, r.LinksCut)
+		}
 	}
 	if r.Scheduler != "" {
 		fmt.Fprintf(w, "scheduler: %s\n", r.Scheduler)

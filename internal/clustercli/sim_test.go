@@ -182,7 +182,12 @@ func pinCookies(t *testing.T, st *sim.State, node string) map[string]uint64 {
 // the test failed. args go to sim up.
 func upSim(t *testing.T, ttl time.Duration, args ...string) (string, *sim.State) {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "sim")
+	return upSimIn(t, filepath.Join(t.TempDir(), "sim"), ttl, args...)
+}
+
+// upSimIn is upSim in dir (which must not exist yet).
+func upSimIn(t *testing.T, dir string, ttl time.Duration, args ...string) (string, *sim.State) {
+	t.Helper()
 	must(t, append([]string{"sim", "up", "--nodes", "3", "--dir", dir, "--lease-ttl", ttl.String()}, args...)...)
 	t.Cleanup(func() {
 		if t.Failed() {
