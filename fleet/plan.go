@@ -116,6 +116,7 @@ const (
 	FixDropHostAddr // delete an address from a host end (Index)
 	FixDropPeerAddr // delete an address from a peer end (Index)
 	FixDropRoute    // delete a route (Old; Index: its device, if named)
+	FixDropLink     // delete a link's end here (Index): a veth takes its other end along
 )
 
 // Fix is one step that brings a namespace to its spec.

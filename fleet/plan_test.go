@@ -223,6 +223,18 @@ func TestPrune(t *testing.T) {
 	if fs := Prune(nil, wantNS(), got); len(fs) != 0 {
 		t.Errorf("without a previous spec, Prune = %v", fs)
 	}
+	// A link dropped from the spec: its end here goes, unless the new
+	// spec uses the name again.
+	linked := wantNS()
+	linked.Links = []spec.Link{{A: spec.LinkEnd{Namespace: linked.Name, Interface: "eth9"}, B: spec.LinkEnd{Namespace: "other", Interface: "eth0"}}}
+	withEnd := matching()
+	withEnd.Links = append(withEnd.Links, rtnl.Link{Index: 9, Name: "eth9", Type: "vxlan"})
+	if fs := Prune(linked, wantNS(), withEnd); len(fs) != 1 || fs[0].Kind != FixDropLink || fs[0].Index != 9 {
+		t.Errorf("link dropped: Prune = %v", fs)
+	}
+	if fs := Prune(linked, linked, withEnd); len(fs) != 0 {
+		t.Errorf("link kept: Prune = %v", fs)
+	}
 	// A veth renamed inside keeps the new pair's name: the new spec's
 	// peer qgi-1 is not deleted as the dropped pair's.
 	renamed := wantNS()

@@ -8,8 +8,8 @@ import (
 )
 
 // Prune lists the fixes that take away what prev asked of a namespace and
-// want no longer asks: veths dropped from the spec, addresses dropped from
-// a veth that stays, and routes dropped. It touches only what prev
+// want no longer asks: veths and links dropped from the spec, addresses
+// dropped from a veth that stays, and routes dropped. It touches only what prev
 // declared (as `kubectl apply` does with its last-applied configuration):
 // an address or route that another program added (keepalived's VIPs, a
 // routing daemon's routes) is left alone. Sysctls dropped from the spec
@@ -56,6 +56,7 @@ func Prune(prev, want *spec.Namespace, got *Observed) []Fix {
 			}
 		}
 	}
+	fixes = append(fixes, pruneLinks(prev, want, got)...)
 	for _, r := range prev.Routes {
 		if slices.Contains(want.Routes, r) || !hasRoute(got, prev, r) {
 			continue
@@ -66,6 +67,39 @@ func Prune(prev, want *spec.Namespace, got *Observed) []Fix {
 			f.Index = l.Index
 		}
 		fixes = append(fixes, f)
+	}
+	return fixes
+}
+
+// pruneLinks deletes this namespace's end of each link prev had and want
+// has not, unless want uses the interface's name for something else (its
+// own repair re-makes it then). Deleting a veth's end deletes the other
+// end with it; a tunnel end is this node's alone.
+func pruneLinks(prev, want *spec.Namespace, got *Observed) []Fix {
+	if len(prev.Links) == 0 {
+		return nil
+	}
+	used := map[string]bool{}
+	for _, v := range want.Veths {
+		used[v.Peer] = true
+	}
+	for _, b := range want.Bridges {
+		used[b.Name] = true
+	}
+	for i := range want.Links {
+		mine, _ := want.Links[i].Ends(want.Name)
+		used[mine.Interface] = true
+	}
+	var fixes []Fix
+	for i := range prev.Links {
+		pl := &prev.Links[i]
+		mine, _ := pl.Ends(prev.Name)
+		if used[mine.Interface] {
+			continue
+		}
+		if l, ok := got.link(mine.Interface); ok && (l.Type == "veth" || l.Type == "vxlan") {
+			fixes = append(fixes, Fix{Kind: FixDropLink, Index: l.Index, Reason: fmt.Sprintf("link %s no longer in the spec", pl)})
+		}
 	}
 	return fixes
 }

@@ -238,7 +238,7 @@ func (w *worker) apply(in *rtnl.Conn, h *netns.NS, ns *spec.Namespace, obs *Obse
 		default:
 			return in.SetMaster(f.Index, l.Index)
 		}
-	case FixDropVeth:
+	case FixDropVeth, FixDropLink:
 		return in.DeleteLink(f.Index)
 	case FixDropPeerAddr:
 		return in.DeleteAddr(f.Index, f.Addr)

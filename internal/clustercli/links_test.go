@@ -154,6 +154,27 @@ func TestSimLinks(t *testing.T) {
 		t.Fatalf("status does not say the links cut:\n%s", out)
 	}
 
+	// Day two: one link dropped from the spec goes from both kernels.
+	dropped := f.Links[len(f.Links)-1]
+	text := b.String()
+	text = text[:strings.LastIndex(strings.TrimSuffix(text, "\n"), "\n")+1]
+	os.WriteFile(file, []byte(text), 0o644)
+	if f, err = spec.Parse(file, []byte(text), spec.Options{}); err != nil || len(f.Links) != 23 {
+		t.Fatalf("spec without %s: %d links, %v", &dropped, len(f.Links), err)
+	}
+	must(t, "cluster", "apply", "-f", file)
+	must(t, "cluster", "wait", "--timeout", "60s")
+	w := where(t, dir)
+	for _, e := range []spec.LinkEnd{dropped.A, dropped.B} {
+		v, err := readRouter(t, st, w[e.Namespace][0], e.Namespace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l, ok := v.links[e.Interface]; ok {
+			t.Fatalf("link %s dropped from the spec, yet %s is still a %s on %s", &dropped, e, l.Type, v.node)
+		}
+	}
+
 	// node-2 dies: its routers and their links come back on the others.
 	must(t, "sim", "kill", "node-2", "--dir", dir)
 	killed := time.Now()
