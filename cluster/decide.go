@@ -75,8 +75,8 @@ type Observation struct {
 	Applied    map[string]*spec.Namespace
 	Drifted    map[string]bool // OnDrift: the namespaces events named
 	AllDrifted bool            // OnDrift: events were lost; check them all
-	// Tunnels names the other nodes' tunnel addresses (TunnelPeers): where
-	// every tunnel end here sends what it has not learned.
+	// Tunnels names the other nodes' tunnel addresses (sorted, joined):
+	// where every tunnel end here sends what it has not learned.
 	Tunnels string
 	// Placed says, for each namespace with links, where its link peers
 	// were when it was last made to match (LinkPlaces).
@@ -230,7 +230,10 @@ func Measure(o Observation, d Decision, teardownOK bool) Progress {
 	p := Progress{Want: len(d.Want)}
 	for _, n := range d.Want {
 		want, _ := o.Fleet.Lookup(n)
-		if have, ok := o.Applied[n]; ok && have.Same(want) {
+		have, ok := o.Applied[n]
+		// A linked namespace is ready only with its links in the form
+		// where its peers are now (veth or tunnel).
+		if ok && have.Same(want) && (len(want.Links) == 0 || o.Placed[n] == LinkPlaces(want, d.Want, o.Tunnels)) {
 			p.Ready++
 		}
 	}

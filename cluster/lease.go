@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/nsfleet/nsfleet/fleet"
 	"github.com/nsfleet/nsfleet/spec"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -178,20 +179,23 @@ func (a *Agent) failsafeHolds(ctx context.Context, timeout time.Duration) (bool,
 
 // fence stops serving before the lease can expire: no creation, and every
 // host veth of the namespaces here set down, so that a namespace that the
-// survivors re-create is never served twice.
+// survivors re-create is never served twice; and every tunnel end, so
+// that its links carry nothing either.
 func (a *Agent) fence(ctx context.Context) {
 	a.fenced.Store(true)
 	a.cfg.Metrics.setFenced(true)
 	start := time.Now()
-	n := 0
+	n, tunnels := 0, 0
 	if c := a.desired.catalog; c != nil {
 		pins, _ := a.kernel.pins()
 		n = setHostVethsDown(hostVeths(c, pins))
+		tunnels = fleet.TunnelsDown(a.cfg.RunDir, linkEnds(c, pins))
 	}
 	// What was made to match is no longer served as the spec says (its
 	// veths are down): every namespace is checked again once unfenced.
 	a.held.applied = map[string]*spec.Namespace{}
+	a.held.placed = map[string]string{}
 	a.cfg.Metrics.setFailsafe(false)
-	a.log.Warn("fenced: lease not renewed in time; host veths set down, creating nothing", "veths_down", n, "took", time.Since(start))
+	a.log.Warn("fenced: lease not renewed in time; host veths and tunnels set down, creating nothing", "veths_down", n, "tunnels_down", tunnels, "took", time.Since(start))
 	a.putStatus(ctx, func(s *NodeStatus) { s.Fenced = true })
 }

@@ -102,11 +102,19 @@ links:
 	if d := Decide(OnChange, base); len(d.Up) != 0 {
 		t.Fatalf("nothing moved, Up %v", d.Up)
 	}
-	// r2 leaves: r1's link to it becomes a tunnel.
+	if p := Measure(base, Decide(OnChange, base), true); p.Ready != 2 || !p.Converged {
+		t.Fatalf("nothing moved: %+v", p)
+	}
+	// r2 leaves: r1's link to it becomes a tunnel; until it is, r1 is not
+	// ready.
 	o := base
 	o.Assigned = []string{"r1"}
-	if d := Decide(OnChange, o); !slices.Equal(d.Up, []string{"r1"}) || d.Places["r1"] == base.Placed["r1"] {
+	d := Decide(OnChange, o)
+	if !slices.Equal(d.Up, []string{"r1"}) || d.Places["r1"] == base.Placed["r1"] {
 		t.Fatalf("r2 gone: Up %v places %q", d.Up, d.Places)
+	}
+	if p := Measure(o, d, true); p.Ready != 0 || p.Converged {
+		t.Fatalf("r1's link not changed yet, yet %+v", p)
 	}
 	// r3 arrives: r2's tunnel to it becomes a veth; r1 is untouched.
 	o = base

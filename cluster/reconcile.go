@@ -222,6 +222,23 @@ func (a *Agent) tunnel(want []string) *fleet.Tunnel {
 		Local: a.cfg.TunnelAddr, Peers: a.desired.tunnelPeers(), Port: a.cfg.TunnelPort, MTU: a.cfg.TunnelMTU}
 }
 
+// linkEnds lists, for each named namespace with links, its link ends'
+// interfaces.
+func linkEnds(c Catalog, names []string) map[string][]string {
+	out := map[string][]string{}
+	for _, n := range names {
+		ns, ok := c.Lookup(n)
+		if !ok {
+			continue
+		}
+		for i := range ns.Links {
+			mine, _ := ns.Links[i].Ends(n)
+			out[n] = append(out[n], mine.Interface)
+		}
+	}
+	return out
+}
+
 // hostVeths lists the host ends of the named namespaces' veths.
 func hostVeths(c Catalog, names []string) []string {
 	var out []string

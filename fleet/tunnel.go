@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
 	"github.com/nsfleet/nsfleet/spec"
 )
@@ -144,4 +145,29 @@ func tunnelDiffers(s *linkSide, vni uint32, t *Tunnel, mtu int) string {
 		return fmt.Sprintf("MTU %d", s.link.MTU)
 	}
 	return ""
+}
+
+// TunnelsDown sets down the VXLAN devices among the named interfaces of
+// each pinned namespace (ends: namespace to interfaces): a fenced node
+// stops carrying the traffic of namespaces another node may be making
+// again, as it sets their host veths down. The next Up sets them up. It
+// returns how many it set down; a namespace it cannot enter is skipped.
+func TunnelsDown(rd *netns.RunDir, ends map[string][]string) int {
+	n := 0
+	for name, ifaces := range ends {
+		h, err := rd.Open(name)
+		if err != nil {
+			continue
+		}
+		rtnl.Inside(h, rtnl.OpenLite, func(c *rtnl.Conn) error {
+			for _, ifname := range ifaces {
+				if l, err := c.LinkByName(ifname); err == nil && l.Vxlan != nil && l.Up && c.SetUp(l.Index, false) == nil {
+					n++
+				}
+			}
+			return nil
+		})
+		h.Close()
+	}
+	return n
 }

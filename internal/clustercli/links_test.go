@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -174,6 +175,45 @@ func TestSimLinks(t *testing.T) {
 			t.Fatalf("link %s dropped from the spec, yet %s is still a %s on %s", &dropped, e, l.Type, v.node)
 		}
 	}
+
+	// node-1 cut off from the others: its agent fences, and sets its
+	// tunnel ends down with its host veths (the survivors make its
+	// routers again; two copies must not both carry traffic). Healed, it
+	// gives them up, and OSPF converges again.
+	must(t, "sim", "partition", "node-1", "--dir", dir)
+	waitFor(t, "node-1's tunnel ends down", 30*time.Second, func() string {
+		w, up, total := where(t, dir), 0, 0
+		for i := range f.Namespaces {
+			ns := &f.Namespaces[i]
+			if !slices.Contains(w[ns.Name], "node-1") {
+				continue
+			}
+			v, err := readRouter(t, st, "node-1", ns.Name)
+			if err != nil {
+				return err.Error()
+			}
+			for k := range ns.Links {
+				mine, _ := ns.Links[k].Ends(ns.Name)
+				if l := v.links[mine.Interface]; l.Vxlan != nil {
+					total++
+					if l.Up {
+						up++
+					}
+				}
+			}
+		}
+		if total == 0 || up > 0 {
+			return fmt.Sprintf("%d of node-1's %d tunnel ends up", up, total)
+		}
+		return ""
+	})
+	must(t, "sim", "heal", "node-1", "--dir", dir)
+	healed := time.Now()
+	waitFor(t, "OSPF after the partition healed", 120*time.Second, func() string {
+		_, why := check()
+		return why
+	})
+	t.Logf("node-1 partitioned: its tunnel ends went down; healed, every loopback reached again after %s", time.Since(healed).Round(100*time.Millisecond))
 
 	// node-2 dies: its routers and their links come back on the others.
 	must(t, "sim", "kill", "node-2", "--dir", dir)
