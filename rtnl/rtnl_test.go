@@ -145,12 +145,37 @@ func FuzzParseLink(f *testing.F) {
 		12, 0, 18, 0, 8, 0, 1, 0, 'v', 'e', 't', 'h'})
 	f.Add([]byte{})
 	f.Add(make([]byte, 16))
+	f.Add(vxlanMessage())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		l, err := rtnl.ParseLinkForTest(b)
 		if err == nil && l.Name == "" {
 			t.Fatal("accepted a link without a name")
 		}
 	})
+}
+
+// vxlanMessage is an RTM_NEWLINK payload of a VXLAN device vx0: VNI 7,
+// local 198.19.1.2, port 4789.
+func vxlanMessage() []byte {
+	b := nl.NewIfInfomsg(unix.AF_UNSPEC).Serialize()
+	b = append(b, nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated("vx0")).Serialize()...)
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("vxlan"))
+	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
+	data.AddRtAttr(nl.IFLA_VXLAN_ID, nl.Uint32Attr(7))
+	data.AddRtAttr(nl.IFLA_VXLAN_LOCAL, []byte{198, 19, 1, 2})
+	data.AddRtAttr(nl.IFLA_VXLAN_PORT, []byte{0x12, 0xb5})
+	return append(b, info.Serialize()...)
+}
+
+func TestParseVxlan(t *testing.T) {
+	l, err := rtnl.ParseLinkForTest(vxlanMessage())
+	if err != nil || l.Type != "vxlan" || l.Vxlan == nil {
+		t.Fatalf("%+v %v", l, err)
+	}
+	if v := l.Vxlan; v.VNI != 7 || v.Local != netip.MustParseAddr("198.19.1.2") || v.Port != 4789 {
+		t.Fatalf("vxlan %+v", *v)
+	}
 }
 
 func TestMissingLinkIsENODEV(t *testing.T) {
