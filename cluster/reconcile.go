@@ -111,6 +111,7 @@ func (a *Agent) reconcile(ctx context.Context, t Trigger) {
 	served := hostVeths(a.desired.catalog, dec.Want)
 	a.servedVeths.Store(&served)
 	a.dog.setVeths(served)
+	a.dog.setTunnels(linkEnds(a.desired.catalog, dec.Want))
 	for n := range a.held.applied {
 		if !isIn(dec.Want, n) {
 			delete(a.held.applied, n)

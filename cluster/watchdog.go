@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -16,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/rtnl"
 	"golang.org/x/sys/unix"
 )
@@ -34,8 +37,9 @@ import (
 // The agent talks to it over an abstract unix socket named after the run
 // dir (abstract sockets belong to the network namespace: one per node),
 // and the watchdog takes orders only from root (SO_PEERCRED). Messages
-// are lines: "extend MS" (fence if not extended again within MS) and
-// "veths NAME..." (the host veths to set down).
+// are lines: "extend MS" (fence if not extended again within MS), "veths
+// NAME..." (the host veths to set down) and "tunnels JSON" (namespace to
+// link-end interfaces: the tunnel ends among them are set down too).
 
 // watchdogSlack is taken off every deadline for the time a message takes.
 const watchdogSlack = 50 * time.Millisecond
@@ -46,9 +50,10 @@ func WatchdogAddr(runDir string) string {
 	return "@nsfleet-watchdog-" + hex.EncodeToString(h[:8])
 }
 
-// RunWatchdog serves as the watchdog on addr until ctx ends, or until it
+// RunWatchdog serves as the watchdog of runDir until ctx ends, or until it
 // has fenced and no agent has come back for idle.
-func RunWatchdog(ctx context.Context, addr string, idle time.Duration, log *slog.Logger) error {
+func RunWatchdog(ctx context.Context, runDir string, idle time.Duration, log *slog.Logger) error {
+	addr := WatchdogAddr(runDir)
 	ln, err := net.Listen("unix", addr)
 	if err != nil {
 		return fmt.Errorf("watchdog %s: %w", addr, err)
@@ -76,6 +81,7 @@ func RunWatchdog(ctx context.Context, addr string, idle time.Duration, log *slog
 		}
 	}()
 	var veths []string
+	var tunnels map[string][]string
 	fire := time.NewTimer(time.Hour)
 	fire.Stop()
 	armed := false
@@ -104,13 +110,24 @@ func RunWatchdog(ctx context.Context, addr string, idle time.Duration, log *slog
 				quiet.Reset(idle)
 			case "veths":
 				veths = strings.Fields(rest)
+			case "tunnels":
+				var t map[string][]string
+				if json.Unmarshal([]byte(rest), &t) == nil {
+					tunnels = t
+				}
 			}
 		case <-fire.C:
 			armed = false
 			start := time.Now()
 			n := setHostVethsDown(veths)
-			log.Warn("watchdog: the agent did not extend its deadline (stopped, or gone); host veths set down",
-				"veths_down", n, "took", time.Since(start))
+			down := 0
+			if len(tunnels) > 0 {
+				if rd, err := netns.OpenRunDir(runDir, false); err == nil {
+					down = fleet.TunnelsDown(rd, tunnels)
+				}
+			}
+			log.Warn("watchdog: the agent did not extend its deadline (stopped, or gone); host veths and tunnels set down",
+				"veths_down", n, "tunnels_down", down, "took", time.Since(start))
 		}
 	}
 }
@@ -157,8 +174,9 @@ type watchdogLink struct {
 
 	mu     sync.Mutex
 	conn   net.Conn
-	veths  string // as last sent
-	warned bool
+	veths   string // as last sent
+	tunnels string // as last sent
+	warned  bool
 }
 
 // connect reaches the running watchdog or starts one and waits for it.
@@ -181,7 +199,7 @@ func (w *watchdogLink) connect() error {
 		}
 	}
 	w.conn = c
-	w.veths = ""
+	w.veths, w.tunnels = "", ""
 	return nil
 }
 
@@ -219,16 +237,30 @@ func (w *watchdogLink) setVeths(names []string) {
 	if w == nil {
 		return
 	}
-	line := "veths " + strings.Join(names, " ")
+	w.sendNew(&w.veths, "veths "+strings.Join(names, " "))
+}
+
+// setTunnels tells the watchdog which link ends of which namespaces to
+// set down if they are tunnel ends.
+func (w *watchdogLink) setTunnels(ends map[string][]string) {
+	if w == nil {
+		return
+	}
+	b, _ := json.Marshal(ends)
+	w.sendNew(&w.tunnels, "tunnels "+string(b))
+}
+
+// sendNew sends line unless it is what *last says was sent.
+func (w *watchdogLink) sendNew(last *string, line string) {
 	w.mu.Lock()
-	same := w.veths == line
+	same := *last == line
 	w.mu.Unlock()
 	if same {
 		return
 	}
 	w.send(line)
 	w.mu.Lock()
-	w.veths = line
+	*last = line
 	w.mu.Unlock()
 }
 

@@ -265,7 +265,7 @@ func newWatchdog(g *globals) *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return cluster.RunWatchdog(cmd.Context(), cluster.WatchdogAddr(runDir), idle, g.log)
+			return cluster.RunWatchdog(cmd.Context(), runDir, idle, g.log)
 		},
 	}
 	cmd.Flags().StringVar(&runDir, "run-dir", netns.DefaultRunDir, "the agent's run dir")

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,15 +181,15 @@ func TestSimLinks(t *testing.T) {
 	// tunnel ends down with its host veths (the survivors make its
 	// routers again; two copies must not both carry traffic). Healed, it
 	// gives them up, and OSPF converges again.
-	must(t, "sim", "partition", "node-1", "--dir", dir)
-	waitFor(t, "node-1's tunnel ends down", 30*time.Second, func() string {
+	// tunnelsDown says "" once every tunnel end on node is down.
+	tunnelsDown := func(node string) string {
 		w, up, total := where(t, dir), 0, 0
 		for i := range f.Namespaces {
 			ns := &f.Namespaces[i]
-			if !slices.Contains(w[ns.Name], "node-1") {
+			if !slices.Contains(w[ns.Name], node) {
 				continue
 			}
-			v, err := readRouter(t, st, "node-1", ns.Name)
+			v, err := readRouter(t, st, node, ns.Name)
 			if err != nil {
 				return err.Error()
 			}
@@ -203,10 +204,12 @@ func TestSimLinks(t *testing.T) {
 			}
 		}
 		if total == 0 || up > 0 {
-			return fmt.Sprintf("%d of node-1's %d tunnel ends up", up, total)
+			return fmt.Sprintf("%d of %s's %d tunnel ends up", up, node, total)
 		}
 		return ""
-	})
+	}
+	must(t, "sim", "partition", "node-1", "--dir", dir)
+	waitFor(t, "node-1's tunnel ends down", 30*time.Second, func() string { return tunnelsDown("node-1") })
 	must(t, "sim", "heal", "node-1", "--dir", dir)
 	healed := time.Now()
 	waitFor(t, "OSPF after the partition healed", 120*time.Second, func() string {
@@ -214,6 +217,30 @@ func TestSimLinks(t *testing.T) {
 		return why
 	})
 	t.Logf("node-1 partitioned: its tunnel ends went down; healed, every loopback reached again after %s", time.Since(healed).Round(100*time.Millisecond))
+
+	// node-3's agent stopped (SIGSTOP): its watchdog, a process of its
+	// own, sets its tunnel ends down at the moment the agent would have
+	// fenced; resumed, the agent brings them back.
+	n3, err := st.Node("node-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(n3.Agent.PID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	paused := true
+	defer func() {
+		if paused {
+			syscall.Kill(n3.Agent.PID, syscall.SIGCONT)
+		}
+	}()
+	waitFor(t, "node-3's tunnel ends down while its agent is stopped", 30*time.Second, func() string { return tunnelsDown("node-3") })
+	syscall.Kill(n3.Agent.PID, syscall.SIGCONT)
+	paused = false
+	waitFor(t, "OSPF after node-3's agent resumed", 120*time.Second, func() string {
+		_, why := check()
+		return why
+	})
 
 	// node-2 dies: its routers and their links come back on the others.
 	must(t, "sim", "kill", "node-2", "--dir", dir)
