@@ -172,8 +172,8 @@ type watchdogLink struct {
 	start func() error // starts the watchdog process
 	log   *slog.Logger
 
-	mu     sync.Mutex
-	conn   net.Conn
+	mu      sync.Mutex
+	conn    net.Conn
 	veths   string // as last sent
 	tunnels string // as last sent
 	warned  bool
