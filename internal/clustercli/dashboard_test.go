@@ -102,7 +102,12 @@ scrape_configs:
 		}
 	})
 	query := func(q string) (int, string) {
-		resp := httpGetIn(t, st.HubPin, web, "/api/v1/query?query="+url.QueryEscape(q))
+		// Prometheus may still be starting (its storage first): not
+		// listening yet is "no answer yet", not a failure.
+		resp, err := tryHTTPGetIn(st.HubPin, web, "/api/v1/query?query="+url.QueryEscape(q))
+		if err != nil {
+			return 0, "prometheus: " + err.Error()
+		}
 		_, body, _ := strings.Cut(resp, "\r\n\r\n")
 		var r struct {
 			Status string `json:"status"`

@@ -556,18 +556,27 @@ func TestFailoverScenario(t *testing.T) {
 // (the socket is made there) and returns the whole response.
 func httpGetIn(t *testing.T, pin, addr, path string) string {
 	t.Helper()
-	ns, err := netns.OpenPath(pin)
+	resp, err := tryHTTPGetIn(pin, addr, path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return resp
+}
+
+// tryHTTPGetIn is httpGetIn for a server that may not listen yet.
+func tryHTTPGetIn(pin, addr, path string) (string, error) {
+	ns, err := netns.OpenPath(pin)
+	if err != nil {
+		return "", err
 	}
 	defer ns.Close()
 	var conn net.Conn
 	if err := netns.Do(ns, func() (err error) { conn, err = net.DialTimeout("tcp", addr, 2*time.Second); return err }); err != nil {
-		t.Fatal(err)
+		return "", err
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr)
 	b, _ := io.ReadAll(conn)
-	return string(b)
+	return string(b), nil
 }
