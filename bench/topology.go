@@ -378,7 +378,7 @@ func countHostLinks(prefix string) (int, error) {
 }
 
 func hostLinks(prefix string) ([]rtnl.Link, error) {
-	c, err := rtnl.Open()
+	c, err := rtnl.OpenLite()
 	if err != nil {
 		return nil, err
 	}
@@ -427,7 +427,7 @@ func removeMininetLeftovers(prefix string) {
 		if err != nil || len(links) == 0 && len(processesWith("mininet:"+prefix)) == 0 {
 			return
 		}
-		if c, err := rtnl.Open(); err == nil {
+		if c, err := rtnl.OpenLite(); err == nil {
 			for _, l := range links {
 				c.DeleteLink(l.Index) // a veth's end may go with its peer first
 			}

@@ -188,8 +188,9 @@ func (a *Agent) fence(ctx context.Context) {
 	n, tunnels := 0, 0
 	if c := a.desired.catalog; c != nil {
 		pins, _ := a.kernel.pins()
-		n = setHostVethsDown(hostVeths(c, pins))
-		tunnels = fleet.TunnelsDown(a.cfg.RunDir, linkEnds(c, pins))
+		veths, links := servedEnds(c, pins)
+		n = setHostVethsDown(veths)
+		tunnels = fleet.TunnelsDown(a.cfg.RunDir, links)
 	}
 	// What was made to match is no longer served as the spec says (its
 	// veths are down): every namespace is checked again once unfenced.

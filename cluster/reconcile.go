@@ -108,10 +108,10 @@ func (a *Agent) reconcile(ctx context.Context, t Trigger) {
 	}
 	a.bringUp(ctx, dec, &fail)
 	a.sup.keep(a, dec.Supervise)
-	served := hostVeths(a.desired.catalog, dec.Want)
+	served, links := servedEnds(a.desired.catalog, dec.Want)
 	a.servedVeths.Store(&served)
 	a.dog.setVeths(served)
-	a.dog.setTunnels(linkEnds(a.desired.catalog, dec.Want))
+	a.dog.setTunnels(links)
 	for n := range a.held.applied {
 		if !isIn(dec.Want, n) {
 			delete(a.held.applied, n)
@@ -223,34 +223,25 @@ func (a *Agent) tunnel(want []string) *fleet.Tunnel {
 		Local: a.cfg.TunnelAddr, Peers: a.desired.tunnelPeers(), Port: a.cfg.TunnelPort, MTU: a.cfg.TunnelMTU}
 }
 
-// linkEnds lists, for each named namespace with links, its link ends'
-// interfaces.
-func linkEnds(c Catalog, names []string) map[string][]string {
-	out := map[string][]string{}
+// servedEnds lists what a fence sets down for the named namespaces, in
+// one walk: their host veths, and their link ends' interfaces by
+// namespace (those that are tunnel ends go down).
+func servedEnds(c Catalog, names []string) (veths []string, links map[string][]string) {
+	links = map[string][]string{}
 	for _, n := range names {
 		ns, ok := c.Lookup(n)
 		if !ok {
 			continue
 		}
+		for _, v := range ns.Veths {
+			veths = append(veths, v.Host)
+		}
 		for i := range ns.Links {
 			mine, _ := ns.Links[i].Ends(n)
-			out[n] = append(out[n], mine.Interface)
+			links[n] = append(links[n], mine.Interface)
 		}
 	}
-	return out
-}
-
-// hostVeths lists the host ends of the named namespaces' veths.
-func hostVeths(c Catalog, names []string) []string {
-	var out []string
-	for _, n := range names {
-		if ns, ok := c.Lookup(n); ok {
-			for _, v := range ns.Veths {
-				out = append(out, v.Host)
-			}
-		}
-	}
-	return out
+	return veths, links
 }
 
 // putStatus updates this node's status key (bound to its lease). A put

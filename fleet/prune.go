@@ -79,17 +79,7 @@ func pruneLinks(prev, want *spec.Namespace, got *Observed) []Fix {
 	if len(prev.Links) == 0 {
 		return nil
 	}
-	used := map[string]bool{}
-	for _, v := range want.Veths {
-		used[v.Peer] = true
-	}
-	for _, b := range want.Bridges {
-		used[b.Name] = true
-	}
-	for i := range want.Links {
-		mine, _ := want.Links[i].Ends(want.Name)
-		used[mine.Interface] = true
-	}
+	used := want.Interfaces()
 	var fixes []Fix
 	for i := range prev.Links {
 		pl := &prev.Links[i]

@@ -187,9 +187,9 @@ func (x *expander) bridges(ifaces map[string]bool) ([]Bridge, error) {
 	return out, nil
 }
 
-// interfaces returns the names of ns's interfaces: lo, veth peers,
+// Interfaces returns the names of ns's interfaces: lo, veth peers,
 // bridges and link ends.
-func (ns *Namespace) interfaces() map[string]bool {
+func (ns *Namespace) Interfaces() map[string]bool {
 	out := map[string]bool{"lo": true}
 	for _, v := range ns.Veths {
 		out[v.Peer] = true
@@ -219,7 +219,7 @@ func (f *Fleet) attachLinks(path string, links [][]Link) error {
 				}
 				ns := &f.Namespaces[i]
 				if ifaces[ns.Name] == nil {
-					ifaces[ns.Name] = ns.interfaces()
+					ifaces[ns.Name] = ns.Interfaces()
 				}
 				if ifaces[ns.Name][end.Interface] {
 					return &Error{File: path, Line: l.Origin.Line, Msg: fmt.Sprintf(
@@ -242,7 +242,7 @@ func (ns *Namespace) checkDevices(path string) error {
 	bad := func(format string, a ...any) error {
 		return &Error{File: path, Line: ns.Origin.Line, Msg: fmt.Sprintf("template %q index %d: ", ns.Origin.Template, ns.Origin.Index) + fmt.Sprintf(format, a...)}
 	}
-	ifaces := ns.interfaces()
+	ifaces := ns.Interfaces()
 	for _, r := range ns.Routes {
 		if r.Dev != "" && !ifaces[r.Dev] {
 			return bad("route dev %q is not an interface of namespace %q", r.Dev, ns.Name)

@@ -470,7 +470,7 @@ func expandOne(path string, t template, idx, line int, vethLines, routeLines []i
 	if ns.Routes, err = x.routes(routeLines, ifaces); err != nil {
 		return Namespace{}, err
 	}
-	if len(ns.LoopbackAddrs) > 0 {
+	if len(ns.LoopbackAddrs) > 0 && len(t.Processes) > 0 { // only processes name it
 		x.env.loopback = ns.LoopbackAddrs[0].Addr().String()
 	}
 	if ns.Processes, err = x.processes(); err != nil {

@@ -76,6 +76,10 @@ nothing else.`,
 			}
 			ctx := cmd.Context()
 			eps, given := g.endpoints()
+			var err error
+			if cfg.TunnelAddr, err = tunnelAddr(local.tunnelAddr, cfg.PeerAddr, eps); err != nil {
+				return usageError{fmt.Errorf("agent: %w", err)}
+			}
 			if !given {
 				srv, err := etcdembed.Start(etcdembed.Member{Name: cfg.Node, DataDir: filepath.Join(local.dataDir, "etcd"),
 					Client: DefaultEtcd, Peer: "http://127.0.0.1:2380"})
@@ -86,7 +90,6 @@ nothing else.`,
 				g.log.Info("embedded etcd serving on loopback", "client", DefaultEtcd, "data", local.dataDir)
 			}
 			var closeAll func()
-			var err error
 			if cfg.Client, cfg.Renewers, closeAll, err = dialAgentEtcd(ctx, g, eps); err != nil {
 				return err
 			}
@@ -106,9 +109,6 @@ nothing else.`,
 				if cfg.PeerServerTLS, cfg.PeerClientTLS, err = cluster.PeerTLS(g.ca, g.cert, g.key); err != nil {
 					return fmt.Errorf("agent: %w", err)
 				}
-			}
-			if cfg.TunnelAddr, err = tunnelAddr(local.tunnelAddr, cfg.PeerAddr, eps); err != nil {
-				return usageError{fmt.Errorf("agent: %w", err)}
 			}
 			cfg.RunDir, cfg.Metrics = rd, cluster.NewMetrics(cfg.Node)
 			cfg.Log, cfg.Version, cfg.NoWatchdog = g.log.With("node", cfg.Node), version.String(), !local.watchdog
@@ -153,7 +153,7 @@ func tunnelAddr(given, peerAddr string, eps []string) (netip.Addr, error) {
 		return a, nil
 	}
 	if host, _, err := net.SplitHostPort(peerAddr); err == nil {
-		if a, err := netip.ParseAddr(host); err == nil && a.Is4() {
+		if a, err := netip.ParseAddr(host); err == nil && a.Is4() && !a.IsUnspecified() {
 			return a, nil
 		}
 	}
