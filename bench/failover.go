@@ -46,7 +46,7 @@ func init() {
 }
 
 func (f failover) Run(ctx context.Context, o Options, run *Run) error {
-	bin, err := companion.Find()
+	bin, err := companion.Cluster.Find()
 	if err != nil {
 		run.Skipped = append(run.Skipped, "engine=cluster: "+err.Error())
 		return nil

@@ -1,7 +1,9 @@
 // Package cli is nsfleet's command line: it turns flags into calls of the
 // library packages and results into text. What logic it holds is about
-// running commands: exec --all's fan-out over namespaces, and the hand-over
-// of bench --kernel runs to VMs.
+// running commands: exec --all's fan-out over namespaces. The commands
+// whose dependencies would weigh on every start-up (agent, cluster, sim:
+// etcd; bench: the lab's plots and SQLite store) hand over to companion
+// binaries (package companion).
 package cli
 
 import (
@@ -136,8 +138,8 @@ iproute2's: 'ip netns list', 'ip -n NAME' and 'ip netns exec' see them.`,
 	pf.IntVarP(&g.workers, "workers", "w", 0, "parallel workers (0: one per CPU, which measures fastest)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log each step")
 	pf.BoolVar(&g.waitLock, "wait-lock", false, "wait for another nsfleet on the same run dir instead of failing")
-	root.AddCommand(newUp(g), newDown(g), newLs(g), newExec(g), newSupervise(g), newDoctor(g), newTopo(g), newBench(g), version.Command(g.stdout))
-	root.AddCommand(clusterCommands(g)...)
+	root.AddCommand(newUp(g), newDown(g), newLs(g), newExec(g), newSupervise(g), newDoctor(g), newTopo(g), version.Command(g.stdout))
+	root.AddCommand(companionCommands()...)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	completions(root, g)
 	return root

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/nsfleet/nsfleet/bench/vm"
 	"github.com/nsfleet/nsfleet/internal/reexec"
 	"golang.org/x/sys/unix"
 	"math/rand/v2"
@@ -27,9 +26,6 @@ func TestMain(m *testing.M) {
 	// Started as one of nsfleet's helpers (/proc/self/exe is this binary
 	// when a test runs a command in process).
 	reexec.Dispatch()
-	if vm.IsGuest() {
-		vm.GuestMain() // this binary is a lab VM's init (bench --kernel): does not return
-	}
 	switch os.Getenv("NSFLEET_CLI_CHILD") {
 	case "1":
 		os.Exit(Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))

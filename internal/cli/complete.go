@@ -1,12 +1,8 @@
 package cli
 
 import (
-	"os"
-	"strings"
 	"time"
 
-	"github.com/nsfleet/nsfleet/bench"
-	"github.com/nsfleet/nsfleet/bench/results"
 	"github.com/nsfleet/nsfleet/internal/companion"
 	"github.com/nsfleet/nsfleet/internal/complete"
 	"github.com/spf13/cobra"
@@ -14,8 +10,8 @@ import (
 
 // completions teaches the shells' completion (nsfleet completion SHELL)
 // what each argument is: spec files, namespace names from the run dir,
-// scenarios, stored run ids, and whatever nsfleet-cluster completes for
-// the commands that hand over to it.
+// and whatever the companion binaries complete for the commands that hand
+// over to them (nodes and specs; scenarios and stored run ids).
 func completions(root *cobra.Command, g *globals) {
 	complete.Files(root)
 	names := complete.Namespaces(func() string { return g.runDir })
@@ -31,30 +27,10 @@ func completions(root *cobra.Command, g *globals) {
 		case "ls", "down":
 			_ = c.RegisterFlagCompletionFunc("prefix", names)
 			c.ValidArgsFunction = noArgs
-		case "bench":
-			c.ValidArgsFunction = func(_ *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
-				if len(args) > 0 {
-					return nil, cobra.ShellCompDirectiveNoFileComp
-				}
-				var out []string
-				for _, n := range bench.Names() {
-					if s, _ := bench.Lookup(n); strings.HasPrefix(n, toComplete) {
-						out = append(out, n+"\t"+s.Describe)
-					}
-				}
-				return out, cobra.ShellCompDirectiveNoFileComp
-			}
-			for _, sub := range c.Commands() {
-				switch sub.Name() {
-				case "show", "compare", "plot", "report":
-					sub.ValidArgsFunction = runIDs
-				}
-			}
 		case "agent", "cluster", "sim":
-			name := c.Name()
-			c.ValidArgsFunction = complete.Delegate(companion.Find, func(args []string) []string {
-				return append([]string{name}, args...)
-			}, 2*time.Second)
+			c.ValidArgsFunction = delegate(companion.Cluster, c.Name())
+		case "bench":
+			c.ValidArgsFunction = delegate(companion.Lab, c.Name())
 		case "up", "supervise", "doctor", "version":
 			c.ValidArgsFunction = noArgs
 		}
@@ -65,33 +41,10 @@ func noArgs(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirectiv
 	return nil, cobra.ShellCompDirectiveNoFileComp
 }
 
-// runIDs completes the ids of stored runs (newest first, with their
-// scenario), or a JSON file where what is typed looks like a path.
-func runIDs(cmd *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
-	if strings.ContainsAny(toComplete, "./") {
-		return []string{"json"}, cobra.ShellCompDirectiveFilterFileExt
-	}
-	db, _ := cmd.Flags().GetString("db")
-	if db == "" {
-		db = results.DefaultDB()
-	}
-	if _, err := os.Stat(db); err != nil {
-		return nil, cobra.ShellCompDirectiveDefault
-	}
-	st, err := results.Open(db)
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveDefault
-	}
-	defer st.Close()
-	runs, err := st.List()
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveDefault
-	}
-	var out []string
-	for _, r := range runs {
-		if strings.HasPrefix(r.ID, toComplete) {
-			out = append(out, r.ID+"\t"+r.Scenario+" "+r.Started.Local().Format("2006-01-02 15:04"))
-		}
-	}
-	return out, cobra.ShellCompDirectiveNoFileComp
+// delegate completes a command that hands over to a companion binary by
+// asking that binary (its hidden __complete), within 2 s.
+func delegate(bin companion.Binary, name string) complete.Func {
+	return complete.Delegate(bin.Find, func(args []string) []string {
+		return append([]string{name}, args...)
+	}, 2*time.Second)
 }

@@ -34,7 +34,7 @@ func TestCompletion(t *testing.T) {
 		{[]string{"--run-dir", dir, "down", "--prefix", "gw-2"}, "gw-2 gw-20", ":4"},
 		{[]string{"--run-dir", dir, "exec", "gw-1", "--", ""}, "", ":0"}, // CMD: the shell's own completion
 		{[]string{"up", "-f", ""}, "yaml yml", ":8"},                     // files with these extensions
-		{[]string{"bench", "fake"}, "fake-router", ":4"},
+		{[]string{"ben"}, "bench", ":4"},                                 // handed over to nsfleet-lab, which completes the rest
 		{[]string{"clu"}, "cluster", ":4"},
 	} {
 		got, directive := completeWords(t, c.args...)
@@ -45,5 +45,38 @@ func TestCompletion(t *testing.T) {
 		if strings.Join(names, " ") != c.want || directive != c.directive {
 			t.Errorf("%q: got %q %s, want %q %s", c.args, names, directive, c.want, c.directive)
 		}
+	}
+}
+
+// bench, agent, cluster and sim hand over to their companion binary: it
+// runs in nsfleet's place with the command's words, global flags typed
+// before them included; without it, the error says how to build it.
+func TestHandOver(t *testing.T) {
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "companion")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho \"$0 $*\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		env  string
+		args []string
+		want string
+	}{
+		{"NSFLEET_LAB_BINARY", []string{"-w", "3", "bench", "fake-router", "-n", "10"}, fake + " bench -w 3 fake-router -n 10"},
+		{"NSFLEET_LAB_BINARY", []string{"-v", "bench", "list"}, fake + " bench -v list"},
+		{"NSFLEET_CLUSTER_BINARY", []string{"cluster", "status", "-o", "json"}, fake + " cluster status -o json"},
+	} {
+		cmd := child(c.args...)
+		cmd.Env = append(cmd.Env, c.env+"="+fake)
+		out, err := cmd.Output()
+		if got := strings.TrimSpace(string(out)); err != nil || got != c.want {
+			t.Errorf("%q: %q (%v), want %q", c.args, got, err, c.want)
+		}
+	}
+	cmd := child("bench", "list")
+	cmd.Env = append(cmd.Env, "PATH="+dir, "NSFLEET_LAB_BINARY=") // not beside the test binary either
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "nsfleet-lab") || !strings.Contains(string(out), "go build") {
+		t.Errorf("no lab binary: %v, %s", err, out)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/internal/progress"
+	"github.com/nsfleet/nsfleet/kprof"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/spf13/cobra"
 )
@@ -60,11 +62,11 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			defer lock.Unlock()
 			opts := fleet.DownOptions{Options: g.options(rd), DryRun: dryRun, Wait: !noWait, Timeout: timeout}
 			opts.Adopt, opts.Grace = adopt, grace
-			prof, err := startProfile(profileDir)
+			prof, err := kprof.StartSession(profileDir)
 			if err != nil {
 				return err
 			}
-			prof.mark("check")
+			prof.Mark("check")
 			dp := &downProgress{w: g.stderr, mode: progressMode, prof: prof, phase: "check"}
 			opts.OnProgress = dp.on
 			errs := &errorLog{w: g.stderr}
@@ -75,9 +77,9 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			}
 			rep, err := fleet.Down(cmd.Context(), sel, opts)
 			if dp.prog != nil {
-				dp.prog.finish()
+				dp.prog.Finish()
 			}
-			if perr := prof.finish(g.stderr); perr != nil {
+			if _, perr := prof.Finish(g.stderr); perr != nil {
 				fmt.Fprintln(g.stderr, "nsfleet: down: --profile:", perr)
 			}
 			what := "-f " + file
@@ -170,27 +172,27 @@ func releaseRunDir(g *globals, rd *netns.RunDir) {
 type downProgress struct {
 	w       io.Writer
 	mode    string
-	prof    *profiling
+	prof    *kprof.Session
 	phase   string
-	prog    *progress
+	prog    *progress.Display
 	waiting bool
 }
 
 func (d *downProgress) on(ph string, done, total int) {
 	if ph != d.phase {
 		d.phase = ph
-		d.prof.mark(ph)
+		d.prof.Mark(ph)
 	}
 	switch {
 	case ph == "delete":
 		if d.prog == nil {
-			d.prog = newProgress(d.w, "down: unpin", total, d.mode)
+			d.prog = progress.New(d.w, "down: unpin", total, d.mode)
 		}
-		d.prog.set(done, total)
+		d.prog.Set(done, total)
 	case !d.waiting && d.mode != "none":
 		d.waiting = true
 		if d.prog != nil {
-			d.prog.finish()
+			d.prog.Finish()
 		}
 		fmt.Fprintf(d.w, "down: waiting for the kernel to free them (%d host veths left)\n", total-done)
 	}

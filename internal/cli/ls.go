@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/kprof"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/spf13/cobra"
@@ -70,11 +71,11 @@ after '='.`,
 					opts.PinsOnly = true
 					fmt.Fprintf(g.stderr, "ls: without %s only names and pins can be read; state, links, drift and processes need root\n", strings.Join(missing, " and "))
 				}
-				prof, perr := startProfile(profileDir)
+				prof, perr := kprof.StartSession(profileDir)
 				if perr != nil {
 					return perr
 				}
-				prof.mark("ls")
+				prof.Mark("ls")
 				var stream *jsonArray
 				if output == "json" {
 					// One status at a time: memory stays flat at any size.
@@ -82,7 +83,7 @@ after '='.`,
 					opts.OnStatus = stream.add
 				}
 				st, err = fleet.List(cmd.Context(), f, fleet.Selector{Prefix: prefix}, opts)
-				if perr := prof.finish(g.stderr); perr != nil {
+				if _, perr := prof.Finish(g.stderr); perr != nil {
 					fmt.Fprintln(g.stderr, "nsfleet: ls: --profile:", perr)
 				}
 				if err != nil {

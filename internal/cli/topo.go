@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/internal/progress"
 	"github.com/nsfleet/nsfleet/topo"
 	"github.com/spf13/cobra"
 )
@@ -173,7 +174,7 @@ converged, 1 at the timeout (naming the router that reaches fewest).`,
 				if time.Since(start) >= timeout {
 					return &exitError{code: ExitFailed, err: fmt.Errorf("topo wait: %d of %d routers reach every other loopback after %s; %s", n, total, el, why)}
 				}
-				if time.Since(last) >= plainEvery {
+				if time.Since(last) >= progress.PlainEvery {
 					last = time.Now()
 					fmt.Fprintf(g.stderr, "topo wait: %d/%d routers reach every other loopback after %s (%s)\n", n, total, el, why)
 				}

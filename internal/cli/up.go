@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/internal/progress"
+	"github.com/nsfleet/nsfleet/kprof"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/spf13/cobra"
 )
@@ -66,40 +68,40 @@ summary and exits with code 130; the next up carries on.`,
 			if len(f.Links) > 0 {
 				mode = "none"
 			}
-			prog := newProgress(g.stderr, verb, len(f.Namespaces), mode)
+			prog := progress.New(g.stderr, verb, len(f.Namespaces), mode)
 			var failures []fleet.Result
 			errs := &errorLog{w: g.stderr}
-			prof, err := startProfile(profileDir)
+			prof, err := kprof.StartSession(profileDir)
 			if err != nil {
 				return err
 			}
-			prof.mark("0")
+			prof.Mark("0")
 			mark, done := opts.Mark, 0
 			if mark <= 0 {
 				mark = fleet.DefaultMark
 			}
 			opts.OnResult = func(r fleet.Result) {
-				prog.add(1)
+				prog.Add(1)
 				if done++; done%mark == 0 {
-					prof.mark(fmt.Sprint(done))
+					prof.Mark(fmt.Sprint(done))
 				}
 				if r.Err != nil {
 					failures = append(failures, r)
 					errs.print(prog, r.Err.Error())
 				}
 				if dryRun && r.Action != fleet.Unchanged && r.Err == nil {
-					prog.printAboveTo(g.stdout, fmt.Sprintf("%s %s: %s", r.Action, r.Name, strings.Join(r.Fixes, "; ")))
+					prog.PrintAboveTo(g.stdout, fmt.Sprintf("%s %s: %s", r.Action, r.Name, strings.Join(r.Fixes, "; ")))
 				}
 				if g.verbose && r.Action == fleet.Repaired {
-					prog.printAbove(fmt.Sprintf("repaired %s: %s", r.Name, strings.Join(r.Fixes, "; ")))
+					prog.PrintAbove(fmt.Sprintf("repaired %s: %s", r.Name, strings.Join(r.Fixes, "; ")))
 				}
 			}
 			phases := &phaseProgress{w: g.stderr, verb: verb, mode: progressMode}
 			opts.OnProgress = phases.set
 			sum, err := fleet.Up(cmd.Context(), f, opts)
 			phases.finish()
-			prog.finish()
-			if perr := prof.finish(g.stderr); perr != nil {
+			prog.Finish()
+			if _, perr := prof.Finish(g.stderr); perr != nil {
 				fmt.Fprintln(g.stderr, "nsfleet: up: --profile:", perr)
 			}
 			errs.flush(g.stderr, verb, "-f "+file)
@@ -150,20 +152,20 @@ type phaseProgress struct {
 	w          io.Writer
 	verb, mode string
 	phase      string
-	prog       *progress
+	prog       *progress.Display
 }
 
 func (p *phaseProgress) set(phase string, done, total int) {
 	if phase != p.phase {
 		p.finish()
-		p.phase, p.prog = phase, newProgress(p.w, p.verb+": "+phase, total, p.mode)
+		p.phase, p.prog = phase, progress.New(p.w, p.verb+": "+phase, total, p.mode)
 	}
-	p.prog.set(done, total)
+	p.prog.Set(done, total)
 }
 
 func (p *phaseProgress) finish() {
 	if p.prog != nil {
-		p.prog.finish()
+		p.prog.Finish()
 		p.prog = nil
 	}
 }

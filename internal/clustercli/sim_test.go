@@ -533,7 +533,7 @@ func TestFailoverScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(companion.Env, self)
+	t.Setenv(companion.Cluster.Env, self)
 	s, err := bench.Lookup("failover")
 	if err != nil {
 		t.Fatal(err)

@@ -4,8 +4,9 @@
 //	go run ./internal/mangen -o DIR [-version V] [-date 2006-01-02]
 //
 // nsfleet.1 and a page per nsfleet command come from nsfleet's tree; the
-// commands nsfleet hands over to nsfleet-cluster (agent, cluster, sim)
-// come from that binary's tree, whose help they show. The Debian package
+// commands nsfleet hands over to a companion (agent, cluster and sim to
+// nsfleet-cluster, bench to nsfleet-lab) come from that binary's tree,
+// whose help they show. The Debian package
 // (scripts/package.sh) installs them.
 package main
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/internal/cli"
 	"github.com/nsfleet/nsfleet/internal/clustercli"
+	"github.com/nsfleet/nsfleet/internal/labcli"
 	"github.com/spf13/cobra"
 	"github.com/spf13/cobra/doc"
 )
@@ -53,7 +55,7 @@ func run(dir, version, date string) error {
 	root.InitDefaultCompletionCmd()
 	handedOver := map[string]bool{}
 	for _, c := range root.Commands() {
-		if c.DisableFlagParsing { // agent, cluster, sim: stubs that run nsfleet-cluster
+		if c.DisableFlagParsing { // agent, cluster, sim, bench: stubs that run a companion
 			handedOver[c.Name()] = true
 		}
 	}
@@ -61,14 +63,15 @@ func run(dir, version, date string) error {
 	if err := doc.GenManTree(root, header, dir); err != nil {
 		return err
 	}
-	// The stubs' pages are overwritten with nsfleet-cluster's, whose help
-	// they show.
-	croot := clustercli.Command()
-	noTag(croot)
-	for _, c := range croot.Commands() {
-		if handedOver[c.Name()] {
-			if err := doc.GenManTree(c, header, dir); err != nil {
-				return err
+	// The stubs' pages are overwritten with the companions' (whose help
+	// they show).
+	for _, croot := range []*cobra.Command{clustercli.Command(), labcli.Command()} {
+		noTag(croot)
+		for _, c := range croot.Commands() {
+			if handedOver[c.Name()] {
+				if err := doc.GenManTree(c, header, dir); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 // bench's commands on stored runs: list, show, compare, plot, report.
 

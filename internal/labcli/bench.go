@@ -1,4 +1,4 @@
-package cli
+package labcli
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/nsfleet/nsfleet/bench/report"
 	"github.com/nsfleet/nsfleet/bench/results"
 	"github.com/nsfleet/nsfleet/bench/vm"
+	"github.com/nsfleet/nsfleet/internal/progress"
 	"github.com/nsfleet/nsfleet/kprof"
 	"github.com/spf13/cobra"
 )
@@ -69,12 +70,12 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 				// goes wrong (-v: every run too).
 				o.Log = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			}
-			prof, err := startProfile(bf.profileDir)
+			prof, err := kprof.StartSession(bf.profileDir)
 			if err != nil {
 				return err
 			}
 			marks := &benchMarks{}
-			var prog *progress
+			var prog *progress.Display
 			current := ""
 			runs := max(o.Runs, 1)
 			o.Progress = func(config string, rep, done, total int) {
@@ -82,14 +83,14 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 				// and ETA on a terminal, a line every few seconds otherwise.
 				if key := fmt.Sprint(config, rep); key != current {
 					if prog != nil {
-						prog.finish()
+						prog.Finish()
 					}
 					current = key
-					prog = newProgress(g.stderr, fmt.Sprintf("bench %s %s run %d/%d", s.Name, config, rep+1, runs), total, bf.progressMode)
+					prog = progress.New(g.stderr, fmt.Sprintf("bench %s %s run %d/%d", s.Name, config, rep+1, runs), total, bf.progressMode)
 				}
-				prog.set(done, total)
+				prog.Set(done, total)
 				if prof != nil {
-					prof.mark(marks.add(config, rep, done, total))
+					prof.Mark(marks.add(config, rep, done, total))
 				}
 			}
 			if bf.kernels != "" {
@@ -99,10 +100,10 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 			}
 			run, err := bench.Execute(cmd.Context(), s, *o)
 			if prog != nil {
-				prog.finish()
+				prog.Finish()
 			}
 			if prof != nil {
-				r, perr := prof.finishResult(g.stderr)
+				r, perr := prof.Finish(g.stderr)
 				if perr != nil {
 					fmt.Fprintln(g.stderr, "nsfleet: bench: --profile:", perr)
 				} else if run != nil {

@@ -1,0 +1,123 @@
+// Package labcli is the command line of nsfleet's lab binary, nsfleet-lab:
+// `nsfleet bench` hands over to it. The lab is a binary of its own so that
+// its plots (gonum), its SQLite store and its statistics stay out of the
+// start-up of every other nsfleet command; it is also the init of the VMs
+// that run scenarios on other kernels (bench --kernel).
+package labcli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/nsfleet/nsfleet/internal/version"
+	"github.com/spf13/cobra"
+)
+
+// Exit codes, as nsfleet's.
+const (
+	ExitOK          = 0
+	ExitFailed      = 1 // something failed or was left alone
+	ExitUsage       = 2
+	ExitInterrupted = 130
+)
+
+// exitError carries an exit code through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+func (e *exitError) Unwrap() error { return e.err }
+
+type usageError struct{ error }
+
+type globals struct {
+	workers int
+	verbose bool
+	stdout  io.Writer
+	stderr  io.Writer
+	log     *slog.Logger
+}
+
+// Run runs the lab binary with args (without the program name) and
+// returns the exit code. SIGINT and SIGTERM stop the scenario between
+// steps; what was measured is still shown and stored.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) && ee.err == nil {
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "nsfleet:", err)
+	var u usageError
+	switch {
+	case ee != nil:
+		return ee.code
+	case ctx.Err() != nil:
+		return ExitInterrupted
+	case errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command"):
+		return ExitUsage
+	}
+	return ExitFailed
+}
+
+// Command is the lab binary's command tree, for generated docs (man
+// pages); it runs nothing.
+func Command() *cobra.Command { return newRoot(&globals{stdout: io.Discard, stderr: io.Discard}) }
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "nsfleet",
+		Short: "nsfleet's lab: the kernel threads' workloads, methods side by side, statistics and plots",
+		Long: `The scalability lab (nsfleet bench): each scenario reproduces one kernel
+thread's experiment (docs/BACKGROUND.md) with competing methods side by
+side, stores every run with its environment, and compares, plots and
+reports runs.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			level := slog.LevelInfo
+			if g.verbose {
+				level = slog.LevelDebug
+			}
+			g.log = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
+			if g.workers < 0 {
+				return usageError{fmt.Errorf("--workers %d: want 0 (automatic) or more", g.workers)}
+			}
+			return nil
+		},
+	}
+	pf := root.PersistentFlags()
+	pf.IntVarP(&g.workers, "workers", "w", 0, "parallel workers of the native engine (0: one per CPU)")
+	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log each run")
+	root.AddCommand(newBench(g), version.Command(g.stdout))
+	// Completed through nsfleet's script (nsfleet asks this binary's
+	// hidden __complete), so no script of its own.
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	completions(root)
+	return root
+}
