@@ -3,7 +3,7 @@
 # kernel (natively) beside Debian's newest 6.1 generic, cloud and rt
 # kernels (each booted in a VM; TCG where KVM cannot boot them), one run per
 # scenario with the kernels as columns, stored in the results database.
-#   scripts/kernel-table.sh [-d CACHE] [-b NSFLEET] [--db FILE] [-r RUNS]
+#   scripts/kernel-table.sh [-d CACHE] [-b NSFLEET-LAB] [--db FILE] [-r RUNS]
 # The kernels are downloaded (apt-get download, unpacked, not installed)
 # into CACHE (default /var/cache/nsfleet-kernels). Under TCG everything runs
 # about ten times slower, hence the small -n.
@@ -20,8 +20,8 @@ while [ $# -gt 0 ]; do
 done
 cd "$(dirname "$0")/.."
 if [ -z "$bin" ]; then
-	bin=$(mktemp -d /tmp/nsfleet-kt.XXXXXX)/nsfleet
-	PATH=/usr/local/go/bin:$PATH go build -o "$bin" ./cmd/nsfleet
+	bin=$(mktemp -d /tmp/nsfleet-kt.XXXXXX)/nsfleet-lab
+	PATH=/usr/local/go/bin:$PATH go build -o "$bin" ./cmd/nsfleet-lab
 fi
 mkdir -p "$cache/all/lib/modules"
 images=()

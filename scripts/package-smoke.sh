@@ -28,7 +28,7 @@ fail() { echo "package-smoke: $*" >&2; exit 1; }
 bash scripts/package.sh -o "$work/dist"
 deb=$(ls "$work"/dist/nsfleet_*_amd64.deb)
 dpkg-deb -c "$deb" | awk '{print $6}' >"$work/contents"
-for f in ./usr/bin/nsfleet ./usr/bin/nsfleet-cluster ./lib/systemd/system/nsfleet-agent.service ./etc/default/nsfleet-agent \
+for f in ./usr/bin/nsfleet ./usr/bin/nsfleet-cluster ./usr/bin/nsfleet-lab ./lib/systemd/system/nsfleet-agent.service ./etc/default/nsfleet-agent \
 	./usr/share/bash-completion/completions/nsfleet ./usr/share/zsh/vendor-completions/_nsfleet ./usr/share/fish/vendor_completions.d/nsfleet.fish \
 	./usr/share/man/man1/nsfleet.1.gz ./usr/share/man/man1/nsfleet-up.1.gz ./usr/share/man/man1/nsfleet-cluster-apply.1.gz \
 	./usr/share/doc/nsfleet/README.md ./usr/share/doc/nsfleet/examples/fake-routers.yaml \
@@ -43,6 +43,7 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$deb" >/dev/null
 /usr/bin/nsfleet version -o json | grep -q '"commit"' || fail "nsfleet version names no commit"
 /usr/bin/nsfleet version -o json | grep -q '"linking": "static"' || fail "nsfleet is not static"
 /usr/bin/nsfleet-cluster version >/dev/null
+/usr/bin/nsfleet-lab version >/dev/null
 rc=0; /usr/bin/nsfleet doctor >"$work/doctor.txt" 2>&1 || rc=$?
 [ "$rc" -le 2 ] && grep -q . "$work/doctor.txt" || fail "doctor: exit $rc: $(cat "$work/doctor.txt")"
 echo "package-smoke: doctor ran (exit $rc)"
@@ -75,7 +76,7 @@ grep -q '^ExecStart=/usr/bin/nsfleet-cluster agent' /lib/systemd/system/nsfleet-
 
 echo "package-smoke: apt remove"
 DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq nsfleet >/dev/null
-for f in /usr/bin/nsfleet /usr/bin/nsfleet-cluster /lib/systemd/system/nsfleet-agent.service /usr/share/bash-completion/completions/nsfleet; do
+for f in /usr/bin/nsfleet /usr/bin/nsfleet-cluster /usr/bin/nsfleet-lab /lib/systemd/system/nsfleet-agent.service /usr/share/bash-completion/completions/nsfleet; do
 	[ ! -e "$f" ] || fail "$f is left after apt remove"
 done
 DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq nsfleet >/dev/null

@@ -33,16 +33,16 @@ mkdir -p "$STAGE/bin" "$STAGE/man" "$STAGE/completions" "$out"
 echo "package: building static binaries ($version)"
 CGO_ENABLED=1 go build -buildvcs=auto -trimpath -tags osusergo,netgo \
 	-ldflags "-extldflags=-static -X github.com/nsfleet/nsfleet/internal/version.Release=$version" \
-	-o "$STAGE/bin/" ./cmd/nsfleet ./cmd/nsfleet-cluster
-for b in nsfleet nsfleet-cluster; do
+	-o "$STAGE/bin/" ./cmd/nsfleet ./cmd/nsfleet-cluster ./cmd/nsfleet-lab
+for b in nsfleet nsfleet-cluster nsfleet-lab; do
 	if readelf -l "$STAGE/bin/$b" | grep -q INTERP; then
 		echo "package: $b is not static (it names a dynamic loader)" >&2; exit 1
 	fi
 done
 
 echo "package: completions and man pages"
-# nsfleet's completion covers agent, cluster and sim too: it asks
-# nsfleet-cluster for theirs.
+# nsfleet's completion covers agent, cluster, sim and bench too: it asks
+# nsfleet-cluster and nsfleet-lab for theirs.
 "$STAGE/bin/nsfleet" completion bash >"$STAGE/completions/nsfleet.bash"
 "$STAGE/bin/nsfleet" completion zsh >"$STAGE/completions/_nsfleet"
 "$STAGE/bin/nsfleet" completion fish >"$STAGE/completions/nsfleet.fish"
