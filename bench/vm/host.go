@@ -34,7 +34,7 @@ type Options struct {
 	Modules string // the kernel's modules tree (holding lib/modules/RELEASE); "": /
 	Cmdline string // extra kernel arguments
 	Timeout time.Duration
-	Self    string // the nsfleet binary to run in the guest; "": this one
+	Self    string // the lab binary (nsfleet-lab) to run in the guest; "": this one
 	Job     Job
 	Log     func(format string, a ...any)
 }
@@ -205,7 +205,7 @@ func buildInitramfs(o Options, release string) (string, []string, error) {
 		return nil
 	}
 	bins, _ := withLibraries(self)
-	if err := copyIn(bins[0], "/usr/bin/nsfleet"); err != nil {
+	if err := copyIn(bins[0], "/usr/bin/nsfleet-lab"); err != nil {
 		return "", nil, err
 	}
 	for _, lib := range bins[1:] {
@@ -213,7 +213,7 @@ func buildInitramfs(o Options, release string) (string, []string, error) {
 			return "", nil, err
 		}
 	}
-	files = append(files, File{Name: "init", Link: "/usr/bin/nsfleet"})
+	files = append(files, File{Name: "init", Link: "/usr/bin/nsfleet-lab"})
 	// The engines' tools, when this machine has them.
 	for _, tool := range []string{"ip", "unshare", "sysctl"} {
 		p, err := exec.LookPath(tool)

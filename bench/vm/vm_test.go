@@ -126,13 +126,13 @@ func TestBootRunsAScenario(t *testing.T) {
 	}
 }
 
-// buildSelf builds nsfleet for the guest (the test binary is not it).
+// buildSelf builds the lab binary for the guest (the test binary is not it).
 func buildSelf(t *testing.T) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "nsfleet")
-	cmd := exec.Command("go", "build", "-o", out, "github.com/nsfleet/nsfleet/cmd/nsfleet")
+	out := filepath.Join(t.TempDir(), "nsfleet-lab")
+	cmd := exec.Command("go", "build", "-o", out, "github.com/nsfleet/nsfleet/cmd/nsfleet-lab")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build nsfleet: %v\n%s", err, b)
+		t.Fatalf("build nsfleet-lab: %v\n%s", err, b)
 	}
 	return out
 }
