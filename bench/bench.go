@@ -1,5 +1,5 @@
 // Package bench is nsfleet's scalability lab: it reproduces the workloads of
-// the source threads (docs/BACKGROUND.md) as scenarios, runs competing methods
+// the reports (docs/BACKGROUND.md) as scenarios, runs competing methods
 // ("engines") and variants side by side in one run, repeats runs, and keeps
 // every figure with its spread and the environment it was measured in.
 //
@@ -111,11 +111,11 @@ type Options struct {
 	Progress func(config string, rep, done, total int)
 }
 
-// Scenario is one experiment of the source threads: what it is called,
+// Scenario is one experiment of the reports: what it is called,
 // what it can vary, and the function that runs it.
 type Scenario struct {
 	Name     string
-	Describe string   // one line: what it measures and which thread it reproduces
+	Describe string   // one line: what it measures and which report it reproduces
 	N, Mark  int      // the defaults of Options.N and Options.Mark
 	Engines  []string // the methods it can compare
 	Variants []string // the cases it can run

@@ -80,8 +80,8 @@ func TestVeth(t *testing.T) {
 	for _, x := range r.Samples {
 		seen[x.Config["engine"]+" "+x.Config["variant"]+" "+x.Metric]++
 	}
-	// The thread's own method (ip's loop) runs as an engine, with the
-	// thread's cumulative figures; the dummy control runs or says why not.
+	// The report's own method (ip's loop) runs as an engine, with the
+	// report's cumulative figures; the dummy control runs or says why not.
 	for _, want := range []string{"native explicit create rate", "native kernel-names create rate", "native peer-moved create rate",
 		"native explicit delete one by one", "native explicit delete by namespace exit",
 		"iproute2 kernel-names create (cumulative)", "iproute2 kernel-names delete (cumulative)", "native kernel-names delete (cumulative)"} {
@@ -122,7 +122,7 @@ func TestMountPropagation(t *testing.T) {
 			t.Errorf("%s: no time(1)-like figures: %v", l, seen)
 		}
 	}
-	// The thread's own loop, as time(1) printed it.
+	// The report's own loop, as time(1) printed it.
 	for _, m := range []string{"add real", "add user", "add sys", "delete real", "delete user", "delete sys"} {
 		if seen["iproute2 shared "+m] != 1 {
 			t.Errorf("iproute2 shared %s: %v (skipped: %v)", m, seen, r.Skipped)
@@ -159,7 +159,7 @@ func TestUevent(t *testing.T) {
 		}
 	}
 	if n != 6 {
-		t.Fatalf("%d p50 samples, want 6 (listeners, in a user namespace, none, and the thread's three cases); skipped %v", n, r.Skipped)
+		t.Fatalf("%d p50 samples, want 6 (listeners, in a user namespace, none, and the report's three cases); skipped %v", n, r.Skipped)
 	}
 	ci := 0
 	for _, x := range r.Samples {
@@ -168,14 +168,14 @@ func TestUevent(t *testing.T) {
 		}
 	}
 	if ci != 3 {
-		t.Errorf("%d thread cases with a confidence interval, want 3", ci)
+		t.Errorf("%d report cases with a confidence interval, want 3", ci)
 	}
 	if left := nstest.HostLinks(t, p); len(left) > 0 {
 		t.Fatalf("left behind: %v", left)
 	}
 }
 
-// TestFakeRouterEveryEngine runs the thread's own methods too (the ip
+// TestFakeRouterEveryEngine runs the report's own methods too (the ip
 // script, ip -batch, pyroute2) and the Go libraries' (netlink), small. Where python3-pyroute2 is missing
 // the engine is skipped with the reason, except in CI, which installs it.
 func TestFakeRouterEveryEngine(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// churn reproduces thread 004 (docs/BACKGROUND.md): namespaces created and dropped in a
+// churn reproduces report 004 (docs/BACKGROUND.md): namespaces created and dropped in a
 // tight loop, where freeing (which waits for RCU grace periods) can lag
 // creation until unshare fails with ENOSPC. It runs in a user namespace of
 // its own whose limit for the type is lowered (--limit, default 1,000), so
@@ -26,7 +26,7 @@ type churn struct{}
 func init() {
 	register(&Scenario{
 		Name:     "churn",
-		Describe: "thread 004: unshare/drop namespaces in a loop; rate, ENOSPC stalls under a lowered limit, time to drain",
+		Describe: "report 004: unshare/drop namespaces in a loop; rate, ENOSPC stalls under a lowered limit, time to drain",
 		N:        20000,
 		Mark:     2000,
 		Engines:  []string{"native"},
@@ -141,7 +141,7 @@ func ChurnHelperMain(args []string) {
 		fail(fmt.Errorf("lower the limit in the user namespace: %w", err))
 	}
 	// All the work on one locked thread, which is never handed back: each
-	// unshare replaces the thread's namespace and drops the previous one,
+	// unshare replaces the report's namespace and drops the previous one,
 	// exactly like the seed's loop. The process exits at the end.
 	runtime.LockOSThread()
 	start := time.Now()

@@ -20,7 +20,7 @@ type Env struct {
 	CPU        string            `json:"cpu"`
 	CPUs       int               `json:"cpus"`
 	MemoryMiB  int               `json:"memory_mib"`
-	Config     map[string]string `json:"kernel_config,omitempty"` // the options the threads blame
+	Config     map[string]string `json:"kernel_config,omitempty"` // the options the reports blame
 	Sysctls    map[string]string `json:"sysctls"`
 	RunDirProp string            `json:"run_dir_propagation"`
 	Iproute2   string            `json:"iproute2"`
@@ -28,7 +28,7 @@ type Env struct {
 	Go         string            `json:"go"`
 }
 
-// configKeys are the kernel options the source threads blame.
+// configKeys are the kernel options the reports blame.
 var configKeys = []string{
 	"CONFIG_HZ", "CONFIG_PREEMPT", "CONFIG_PREEMPT_NONE", "CONFIG_PREEMPT_VOLUNTARY", "CONFIG_PREEMPT_DYNAMIC",
 	"CONFIG_RCU_NOCB_CPU", "CONFIG_RCU_NOCB_CPU_ALL", "CONFIG_RCU_NOCB_CPU_DEFAULT_ALL", "CONFIG_RCU_FAST_NO_HZ",

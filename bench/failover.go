@@ -17,7 +17,7 @@ import (
 	"github.com/nsfleet/nsfleet/spec"
 )
 
-// failover is the moment of the 2014 Neutron thread (docs/BACKGROUND.md):
+// failover is the moment of the 2014 Neutron report (docs/BACKGROUND.md):
 // a gateway dies and the survivors re-create its routers. It runs a real
 // three-node cluster on this machine (nsfleet sim: three etcd members, an
 // agent per node), applies N fake routers, kills one node (power loss) and
@@ -26,7 +26,7 @@ import (
 // `nsfleet up` of as many routers on one node.
 type failover struct{}
 
-// Failover's fixed shape: three nodes, as the 2014 thread's gateways (docs/BACKGROUND.md).
+// Failover's fixed shape: three nodes, as the 2014 report's gateways (docs/BACKGROUND.md).
 const (
 	failoverNodes = 3
 	failoverTTL   = 5 * time.Second // the agent's default lease
@@ -35,7 +35,7 @@ const (
 func init() {
 	register(&Scenario{
 		Name:     "failover",
-		Describe: "thread 000's failover: 3 sim nodes, kill one, time until its routers are ready on the survivors; beside a one-node up of as many",
+		Describe: "report 000's failover: 3 sim nodes, kill one, time until its routers are ready on the survivors; beside a one-node up of as many",
 		N:        1500,
 		Mark:     1500,
 		Engines:  []string{"cluster"},

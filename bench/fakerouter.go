@@ -16,7 +16,7 @@ import (
 	"github.com/nsfleet/nsfleet/spec"
 )
 
-// fakeRouter reproduces thread 000 (docs/BACKGROUND.md): Neutron's "fake routers"
+// fakeRouter reproduces report 000 (docs/BACKGROUND.md): Neutron's "fake routers"
 // (netns, lo up, ip_forward, two veth pairs with the peer created inside),
 // timed every mark, in the seed's five variants, by several engines.
 type fakeRouter struct{}
@@ -24,7 +24,7 @@ type fakeRouter struct{}
 func init() {
 	register(&Scenario{
 		Name:     "fake-router",
-		Describe: "thread 000: netns + lo up + ip_forward + 2 veth pairs, routers/s per mark; engines side by side",
+		Describe: "report 000: netns + lo up + ip_forward + 2 veth pairs, routers/s per mark; engines side by side",
 		N:        1000,
 		Mark:     250,
 		Engines:  []string{"native", "iproute2", "iproute2-batch", "pyroute2", "netlink", "netlink-1q"},

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// mountProp reproduces thread 003 (docs/BACKGROUND.md): with M idle mount namespaces
+// mountProp reproduces report 003 (docs/BACKGROUND.md): with M idle mount namespaces
 // that share the run dir's propagation (as services under systemd do),
 // every pin is copied into each of them. It adds and deletes N namespaces
 // under three run-dir layouts, and times what every `ip netns exec` pays
@@ -25,7 +25,7 @@ type mountProp struct{}
 func init() {
 	register(&Scenario{
 		Name:     "mount-propagation",
-		Describe: "thread 003: add/delete N namespaces with M idle mount namespaces (--idle), per run-dir layout, real/user/sys as time prints them; ip's loop as an engine; new mount namespace vs setns-only exec",
+		Describe: "report 003: add/delete N namespaces with M idle mount namespaces (--idle), per run-dir layout, real/user/sys as time prints them; ip's loop as an engine; new mount namespace vs setns-only exec",
 		N:        1000,
 		Mark:     250,
 		Engines:  []string{"native", "iproute2"},
@@ -45,10 +45,10 @@ func (m mountProp) Run(ctx context.Context, o Options, run *Run) error {
 	}
 	run.Params["idle"] = strconv.Itoa(IdleMountNamespaces)
 	run.Notes = append(run.Notes,
-		"shared: the run dir is its own shared mount point (iproute2 since the thread's first patch); parent-shared: the run dir is a plain directory in a shared mount (systemd's rshared /, iproute2 before it); private: its own private mount point (pins do not propagate, the thread's second patch)",
+		"shared: the run dir is its own shared mount point (iproute2 since the report's first patch); parent-shared: the run dir is a plain directory in a shared mount (systemd's rshared /, iproute2 before it); private: its own private mount point (pins do not propagate, the report's second patch)",
 		"add/delete real, user, sys: the whole loop as `time` prints it (iproute2: the ip processes' user and sys; native: this process's)",
 		"new mount namespace: time of `unshare --mount true`, the copy every ip netns exec makes; setns exec: `nsfleet exec NAME -- true`",
-		"engine=iproute2 is the thread's loop (`ip netns add`, then `ip netns del`, one process each) in /run/netns under this run's prefix; today's ip always makes /run/netns its own shared mount, so it runs the shared layout only")
+		"engine=iproute2 is the report's loop (`ip netns add`, then `ip netns del`, one process each) in /run/netns under this run's prefix; today's ip always makes /run/netns its own shared mount, so it runs the shared layout only")
 	for _, eng := range o.Engines {
 		if why := engineMissing(eng); why != "" {
 			run.Skipped = append(run.Skipped, "engine="+eng+": "+why)
@@ -57,7 +57,7 @@ func (m mountProp) Run(ctx context.Context, o Options, run *Run) error {
 		for _, layout := range o.Variants {
 			cfg := map[string]string{"engine": eng, "layout": layout}
 			if eng == "iproute2" && layout != "shared" {
-				run.Skipped = append(run.Skipped, ConfigKey(cfg, run.Keys)+": today's ip makes /run/netns its own shared mount whatever was there; this layout needs the thread's other iproute2 builds (the native engine runs it)")
+				run.Skipped = append(run.Skipped, ConfigKey(cfg, run.Keys)+": today's ip makes /run/netns its own shared mount whatever was there; this layout needs the report's other iproute2 builds (the native engine runs it)")
 				continue
 			}
 			for rep := 0; rep < o.Runs; rep++ {
@@ -81,7 +81,7 @@ func (m mountProp) Run(ctx context.Context, o Options, run *Run) error {
 }
 
 // startIdle starts the idle mount namespaces: copies of this one that stay
-// in its peer groups, as the thread's `unshare -m --propagation unchanged`.
+// in its peer groups, as the report's `unshare -m --propagation unchanged`.
 func startIdle() (stop func(), err error) {
 	var idle []*exec.Cmd
 	stop = func() {
@@ -138,7 +138,7 @@ func (c *clock) record(run *Run, cfg map[string]string, rep, mark int, what stri
 	}
 }
 
-// iproute2 is the thread's script: M idle mount namespaces, then N `ip
+// iproute2 is the report's script: M idle mount namespaces, then N `ip
 // netns add`, then N `ip netns del`, each loop timed as time(1) prints it.
 func (m mountProp) iproute2(ctx context.Context, o Options, cfg map[string]string, rep int, run *Run) error {
 	restore := netns.GuardDefaultRunDir()

@@ -11,12 +11,12 @@ import (
 	"text/tabwriter"
 )
 
-// A Seed is a source thread's published table, typed in once as data
+// A Seed is a report's published table, typed in once as data
 // (bench/seeds/*.json), to print beside this machine's figures in the
-// thread's own shape (--seed-table).
+// report's own shape (--seed-table).
 type Seed struct {
 	Scenario string            `json:"scenario"`
-	Thread   string            `json:"thread"`
+	Report   string            `json:"report"`
 	Title    string            `json:"title"`
 	Date     string            `json:"date"`
 	Author   string            `json:"author"`
@@ -24,7 +24,7 @@ type Seed struct {
 	Hardware string            `json:"hardware"`
 	Archive  string            `json:"archive"`
 	Method   string            `json:"method"`
-	Config   map[string]string `json:"config"` // the configuration that runs the thread's method
+	Config   map[string]string `json:"config"` // the configuration that runs the report's method
 	X        string            `json:"x"`      // the first column: the mark
 	// XParam, if set, names the run parameter that x is (uevent: the
 	// number of namespaces); rows then match the run's figures whatever
@@ -34,7 +34,7 @@ type Seed struct {
 	Rows    [][]float64  `json:"rows"` // x, then one value per column
 }
 
-// SeedColumn is one column of the thread's table and the metric that
+// SeedColumn is one column of the report's table and the metric that
 // measures the same thing here ("": nothing here does, e.g. the figure of
 // a kernel before a patch).
 type SeedColumn struct {
@@ -121,17 +121,17 @@ func (s *Seed) check() error {
 	return nil
 }
 
-// WriteSeedTable prints the thread's table with this run's figures for
+// WriteSeedTable prints the report's table with this run's figures for
 // the same configuration and marks beside it (the mean over runs; "-"
 // where this run has no such mark).
 func WriteSeedTable(w io.Writer, s *Seed, run *Run) error {
-	fmt.Fprintf(w, "thread %s, %q (%s, %s; kernel %s; hardware %s)\n", s.Thread, s.Title, s.Date, s.Author, s.Kernel, s.Hardware)
+	fmt.Fprintf(w, "report %s, %q (%s, %s; kernel %s; hardware %s)\n", s.Report, s.Title, s.Date, s.Author, s.Kernel, s.Hardware)
 	fmt.Fprintf(w, "  method: %s\n  source: %s\n", s.Method, s.Archive)
 	fmt.Fprintf(w, "  this machine: %s\n", ConfigKey(s.Config, run.Keys))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "%s\t", s.X)
 	for _, c := range s.Columns {
-		fmt.Fprintf(tw, "thread: %s\t", c.Title)
+		fmt.Fprintf(tw, "report: %s\t", c.Title)
 	}
 	for _, c := range s.Columns {
 		if c.Metric != "" {

@@ -19,7 +19,7 @@ func TestSeedsMatchTheirScenarios(t *testing.T) {
 	for _, s := range all {
 		sc, _ := Lookup(s.Scenario)
 		if len(sc.Engines) > 1 && s.Config["engine"] == "" {
-			t.Errorf("%s: the scenario has engines; the seed must name the one that runs the thread's method", s.Scenario)
+			t.Errorf("%s: the scenario has engines; the seed must name the one that runs the report's method", s.Scenario)
 		}
 		for _, k := range sc.Keys {
 			if s.Config[k] == "" {
@@ -62,7 +62,7 @@ func TestWriteSeedTable(t *testing.T) {
 		}
 	}
 	if f := strings.Fields(row500); len(f) != 5 || f[3] != "2" || f[4] != "4" {
-		t.Errorf("row 500: %q, want the thread's 18 26 and this run's mean 2 and 4", row500)
+		t.Errorf("row 500: %q, want the report's 18 26 and this run's mean 2 and 4", row500)
 	}
 	if f := strings.Fields(row1000); len(f) != 5 || f[3] != "-" {
 		t.Errorf("row 1000: %q: another engine's figure must not be used", row1000)

@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// uevent reproduces thread 001 (docs/BACKGROUND.md): a kernel uevent is broadcast to the
+// uevent reproduces report 001 (docs/BACKGROUND.md): a kernel uevent is broadcast to the
 // uevent listeners of every network namespace owned by the initial user
 // namespace, under one mutex, so its cost grows with the namespaces that
 // listen. K namespaces get a NETLINK_KOBJECT_UEVENT listener each (or
@@ -31,7 +31,7 @@ type uevent struct{}
 func init() {
 	register(&Scenario{
 		Name:     "uevent",
-		Describe: "thread 001: inject N uevents with K namespaces (--namespaces) listening or not; transaction time mean and percentiles",
+		Describe: "report 001: inject N uevents with K namespaces (--namespaces) listening or not; transaction time mean and percentiles",
 		N:        10000,
 		Mark:     10000,
 		Engines:  []string{"native"},
@@ -49,7 +49,7 @@ func (u uevent) Run(ctx context.Context, o Options, run *Run) error {
 	run.Params["namespaces"] = fmt.Sprint(UeventNamespaces)
 	run.Notes = append(run.Notes, "uevents are injected on a veth the scenario makes in nsfleet's namespace (name "+o.Prefix+"u0) and removes afterwards",
 		"userns-listeners: the K namespaces (and their listeners) are owned by a user namespace of their own; the kernel sends them no untagged uevents",
-		"thread-1/2/3: the thread's cases, N uevents injected round-robin INTO each of the K namespaces (sent on a NETLINK_KOBJECT_UEVENT socket opened inside it, Linux 4.17+): 1) all owned by a user namespace, with listeners; 2) half userns-owned, half init-owned, with listeners; 3) as 2 without listeners. The thread used K=1000 and 10,000 per namespace (-n 10000000 --namespaces 1000); its userns-owned namespaces had one user namespace each, here they share one")
+		"thread-1/2/3: the report's cases, N uevents injected round-robin INTO each of the K namespaces (sent on a NETLINK_KOBJECT_UEVENT socket opened inside it, Linux 4.17+): 1) all owned by a user namespace, with listeners; 2) half userns-owned, half init-owned, with listeners; 3) as 2 without listeners. The report used K=1000 and 10,000 per namespace (-n 10000000 --namespaces 1000); its userns-owned namespaces had one user namespace each, here they share one")
 	host, err := rtnl.OpenLite()
 	if err != nil {
 		return err
@@ -76,9 +76,9 @@ func (u uevent) Run(ctx context.Context, o Options, run *Run) error {
 			}
 			cfg := map[string]string{"listeners": map[string]string{"listeners": fmt.Sprint(UeventNamespaces), "userns-listeners": fmt.Sprint(UeventNamespaces) + "-in-userns", "no-listeners": "0"}[v]}
 			o.Log.Info("run", "variant", v, "rep", rep+1)
-			if _, ok := ueventThreadCases[v]; ok {
+			if _, ok := ueventReportCases[v]; ok {
 				cfg = map[string]string{"listeners": v}
-				if err := u.threadCase(ctx, o, v, cfg, rep, run); err != nil {
+				if err := u.reportCase(ctx, o, v, cfg, rep, run); err != nil {
 					return fmt.Errorf("variant=%s: %w", v, err)
 				}
 				continue

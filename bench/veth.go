@@ -15,14 +15,14 @@ import (
 	vnetns "github.com/vishvananda/netns"
 )
 
-// veth reproduces thread 002 (docs/BACKGROUND.md): creating thousands of veth pairs,
+// veth reproduces report 002 (docs/BACKGROUND.md): creating thousands of veth pairs,
 // timed every mark, with explicit vs kernel-chosen names, the peer created
 // in its namespace vs created beside and moved, the kernel's default queue
 // count vs one queue, and deleting them one by one vs by namespace exit.
-// The thread's own method is the iproute2 engine (one `ip link add type
+// The report's own method is the iproute2 engine (one `ip link add type
 // veth` process per pair, then one `ip link del` per pair, cumulative
-// times as the thread's table has them), and the dummy device is the
-// control the thread's reply asked for.
+// times as the report's table has them), and the dummy device is the
+// control the report's reply asked for.
 //
 // It works between two throwaway namespaces ("host" A and "peer" B), so
 // none of its links ever appears in nsfleet's own namespace; the iproute2
@@ -32,7 +32,7 @@ type veth struct{}
 func init() {
 	register(&Scenario{
 		Name:     "veth",
-		Describe: "thread 002: N veth pairs, pairs/s and cumulative s per mark; names, peer placement, queues, dummy control; ip's loop as an engine",
+		Describe: "report 002: N veth pairs, pairs/s and cumulative s per mark; names, peer placement, queues, dummy control; ip's loop as an engine",
 		N:        2000,
 		Mark:     100,
 		Engines:  []string{"native", "iproute2", "netlink"},
@@ -42,7 +42,7 @@ func init() {
 	})
 }
 
-// vethIproute2 are the variants the thread's shell loop has a form for.
+// vethIproute2 are the variants the report's shell loop has a form for.
 var vethIproute2 = map[string]bool{"kernel-names": true, "dummy": true}
 
 // vethNetlink are the variants vishvananda/netlink can express (LinkAdd
@@ -53,8 +53,8 @@ func (v veth) Run(ctx context.Context, o Options, run *Run) error {
 	run.Notes = append(run.Notes,
 		"explicit: names given, peer created inside B, one queue per end (what nsfleet does)",
 		"default-queues: as explicit but with the kernel's queue count, like ip link add (veth then cuts it to 1, waiting for grace periods)",
-		"delete metrics of explicit: one RTM_DELLINK per pair for half, then dropping B for the rest; kernel-names and dummy delete all one by one, as the thread did",
-		"engine=iproute2 is the thread's loop: one `ip link add type veth` (or `type dummy`) process per device inside A, then one `ip link del` each",
+		"delete metrics of explicit: one RTM_DELLINK per pair for half, then dropping B for the rest; kernel-names and dummy delete all one by one, as the report did",
+		"engine=iproute2 is the report's loop: one `ip link add type veth` (or `type dummy`) process per device inside A, then one `ip link del` each",
 		"engine=netlink: vishvananda/netlink's LinkAdd (Veth with PeerNamespace; LinkSetNsFd for peer-moved; NumTxQueues/NumRxQueues 1 except default-queues) and LinkDel, on a handle in A")
 	dummyOK := ""
 	for _, eng := range o.Engines {
@@ -65,7 +65,7 @@ func (v veth) Run(ctx context.Context, o Options, run *Run) error {
 		for _, variant := range o.Variants {
 			cfg := map[string]string{"engine": eng, "variant": variant}
 			if eng == "iproute2" && !vethIproute2[variant] {
-				run.Skipped = append(run.Skipped, ConfigKey(cfg, run.Keys)+": the thread's loop has no such form (only kernel-names and dummy)")
+				run.Skipped = append(run.Skipped, ConfigKey(cfg, run.Keys)+": the report's loop has no such form (only kernel-names and dummy)")
 				continue
 			}
 			if eng == "netlink" && !vethNetlink[variant] {
@@ -112,7 +112,7 @@ func dummySupported() string {
 	return "yes"
 }
 
-// ipIn runs ip(8) with args inside ns, as the thread's loop ran it.
+// ipIn runs ip(8) with args inside ns, as the report's loop ran it.
 func ipIn(ns *netns.NS, args ...string) error {
 	cmd := exec.Command("ip", args...)
 	var stderr bytes.Buffer
@@ -229,7 +229,7 @@ func (v veth) addPair(c *rtnl.Conn, b *netns.NS, variant string, i int) error {
 
 // deleteOneByOne deletes every device of kind in A, oldest first, one
 // request (or one ip process) each, timing the cumulative seconds at each
-// mark as the thread's table has them.
+// mark as the report's table has them.
 func (v veth) deleteOneByOne(ctx context.Context, o Options, c *rtnl.Conn, a *netns.NS, kind string, ip bool, del func(rtnl.Link) error, sample func(int, string, string, string, float64)) error {
 	links, err := c.Links()
 	if err != nil {

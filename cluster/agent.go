@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/netns"
-	"github.com/nsfleet/nsfleet/proc"
+	"github.com/nsfleet/nsfleet/process"
 	"github.com/nsfleet/nsfleet/spec"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -174,7 +174,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if !a.cfg.NoWatchdog {
 		rd := a.cfg.RunDir
-		store := proc.StoreFor(rd).Dir
+		store := process.StoreFor(rd).Dir
 		a.dog = &watchdogLink{addr: WatchdogAddr(rd.Path), log: a.log, start: func() error {
 			if err := os.MkdirAll(store, 0o700); err != nil {
 				return err

@@ -152,7 +152,7 @@ func FuzzInotifyEvents(f *testing.F) {
 // Names of a spec that runs processes go only to nodes that allow them;
 // the names of other specs still go to every node, and balance moves no
 // process-running name onto a node that refuses them.
-func TestStateOfProcessesNeedPermission(t *testing.T) {
+func TestViewOfProcessesNeedPermission(t *testing.T) {
 	snap := &Snapshot{
 		Specs:     map[string]SpecMeta{"dhcp": {Processes: true}, "routers": {}},
 		SpecOf:    map[string]string{"d-1": "dhcp", "d-2": "dhcp", "d-3": "dhcp", "d-4": "dhcp", "r-1": "routers", "r-2": "routers"},
@@ -163,7 +163,7 @@ func TestStateOfProcessesNeedPermission(t *testing.T) {
 		AssignRev: map[string]int64{},
 	}
 	names := []string{"d-1", "d-2", "d-3", "d-4", "r-1", "r-2"}
-	st := StateOf(snap, names)
+	st := ViewOf(snap, names)
 	if st.Nodes["a"].Cordoned || st.Nodes["b"].Cordoned {
 		t.Fatal("a spec with processes cordons a node")
 	}

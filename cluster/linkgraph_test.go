@@ -37,7 +37,7 @@ func torusGraph(t *testing.T, rows, cols int) ([]string, Graph) {
 // go to the survivors with few more links cut.
 func TestScheduleKeepsLinkedTogether(t *testing.T) {
 	names, g := torusGraph(t, 20, 30) // 600 routers, 1,200 links
-	s := State{Names: names, Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}, Linked: g}
+	s := ClusterView{Names: names, Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}, Linked: g}
 	s.Assign = applyPlan(s, Schedule(s))
 	checkOnce(t, s, s.Assign, 0)
 	c := counts(s.Assign)
@@ -47,7 +47,7 @@ func TestScheduleKeepsLinkedTogether(t *testing.T) {
 		}
 	}
 	cut := g.Cut(Placement(s.Assign))
-	plain := State{Names: names, Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	plain := ClusterView{Names: names, Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
 	plainCut := g.Cut(Placement(applyPlan(plain, Schedule(plain))))
 	t.Logf("600-router torus on 3 nodes: %d of %d links cut (least-loaded alone: %d)", cut, g.Links(), plainCut)
 	// Three blocks of a 20x30 torus: about 3 x 2 x 30 = 180 at best.

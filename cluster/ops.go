@@ -186,7 +186,7 @@ func Status(ctx context.Context, cli *clientv3.Client) (*Report, error) {
 	}
 	held := map[string]bool{}
 	if len(s.Assign) > 0 {
-		st := StateOf(s, nil)
+		st := ViewOf(s, nil)
 		markSettling(&st, s, time.Now(), DefaultSettle)
 		for _, n := range Schedule(st).Held {
 			held[n] = true

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/fleet"
 	"github.com/nsfleet/nsfleet/netns"
-	"github.com/nsfleet/nsfleet/proc"
+	"github.com/nsfleet/nsfleet/process"
 	"github.com/nsfleet/nsfleet/rtnl"
 	"github.com/nsfleet/nsfleet/spec"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -323,7 +323,7 @@ func (s *supervision) keep(a *Agent, names []string) {
 	rd, log := a.cfg.RunDir, a.log
 	go func() {
 		defer close(done)
-		err := proc.StoreFor(rd).Supervise(sctx, sub, rd, proc.SuperviseOptions{Log: log})
+		err := process.StoreFor(rd).Supervise(sctx, sub, rd, process.SuperviseOptions{Log: log})
 		if err != nil && sctx.Err() == nil {
 			log.Error("supervise", "err", err)
 		}

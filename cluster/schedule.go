@@ -38,8 +38,8 @@ type NodeView struct {
 	Frozen bool
 }
 
-// State is one consistent read of the cluster.
-type State struct {
+// ClusterView is one consistent read of the cluster.
+type ClusterView struct {
 	Names  []string // the spec's namespaces, in declaration order
 	Nodes  map[string]NodeView
 	Assign map[string]Assignment // by node; nodes without a key have none
@@ -106,7 +106,7 @@ func (p *Plan) Changed() bool { return len(p.Assign) > 0 }
 //     only its excess, and only while another node has room below it, so
 //     adding a node moves what balance needs and no more; at most
 //     MaxMoves names per plan, and none towards a Settling node.
-func Schedule(s State) Plan {
+func Schedule(s ClusterView) Plan {
 	p := Plan{Assign: map[string]*Assignment{}, Orphaned: map[string]int{}, Placed: map[string]int{}}
 	order := make(map[string]int, len(s.Names))
 	for i, n := range s.Names {
@@ -213,7 +213,7 @@ func Schedule(s State) Plan {
 // nothing to move after): a generated topology,
 // placed in its own order, ends up in contiguous blocks with few links
 // between nodes, and a lost node's routers go where their neighbours are.
-func place(s State, next map[string]*Assignment, pool []string, p *Plan) []string {
+func place(s ClusterView, next map[string]*Assignment, pool []string, p *Plan) []string {
 	// Eligible nodes, least loaded first.
 	var elig []string
 	for _, node := range sortedKeys(s.Nodes) {
@@ -278,13 +278,13 @@ func place(s State, next map[string]*Assignment, pool []string, p *Plan) []strin
 
 // allowed reports whether node may hold name: any name, unless the name
 // runs processes and the node does not allow them.
-func (s *State) allowed(node, name string) bool {
+func (s *ClusterView) allowed(node, name string) bool {
 	return !s.NeedsProcesses[name] || s.Nodes[node].AllowProcesses
 }
 
 // writes records in p the assignments of next that differ from s's (an
 // empty one deletes the key).
-func (p *Plan) writes(s State, next map[string]*Assignment) {
+func (p *Plan) writes(s ClusterView, next map[string]*Assignment) {
 	for node, na := range next {
 		old, had := s.Assign[node]
 		if na == nil || (len(na.Names) == 0 && len(na.Releasing) == 0) {
@@ -305,7 +305,7 @@ func (p *Plan) writes(s State, next map[string]*Assignment) {
 // name moved is the fullest node's last that the emptiest may hold; when
 // it may hold none, balance stops there. It returns how many names it put
 // in Releasing.
-func balance(s State, next map[string]*Assignment, elig []string) int {
+func balance(s ClusterView, next map[string]*Assignment, elig []string) int {
 	count, moves := map[string]int{}, 0
 	for _, node := range elig {
 		count[node] = len(next[node].Names)
@@ -348,7 +348,7 @@ func balance(s State, next map[string]*Assignment, elig []string) int {
 // back one node at a time, or Suspect, since leases of nodes killed
 // together expire one at a time. Only a loss of dead nodes alone (firm)
 // is remembered past that moment (State.Held).
-func massLoss(s State) (firm, within bool) {
+func massLoss(s ClusterView) (firm, within bool) {
 	dead, returned, total := 0, 0, 0
 	for _, v := range s.Nodes {
 		if v.Alive {

@@ -20,7 +20,7 @@ func names(n int) []string {
 }
 
 // applyPlan returns the assignments after p is written.
-func applyPlan(s State, p Plan) map[string]Assignment {
+func applyPlan(s ClusterView, p Plan) map[string]Assignment {
 	out := map[string]Assignment{}
 	for n, a := range s.Assign {
 		out[n] = a
@@ -36,7 +36,7 @@ func applyPlan(s State, p Plan) map[string]Assignment {
 }
 
 // checkOnce fails if a name is held by two nodes or a spec name is lost.
-func checkOnce(t *testing.T, s State, as map[string]Assignment, unassigned int) {
+func checkOnce(t *testing.T, s ClusterView, as map[string]Assignment, unassigned int) {
 	t.Helper()
 	seen := map[string]string{}
 	for node, a := range as {
@@ -75,7 +75,7 @@ func alive(ns ...string) map[string]NodeView {
 }
 
 func TestScheduleFresh(t *testing.T) {
-	s := State{Names: names(10), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s := ClusterView{Names: names(10), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
 	p := Schedule(s)
 	as := applyPlan(s, p)
 	checkOnce(t, s, as, 0)
@@ -91,7 +91,7 @@ func TestScheduleFresh(t *testing.T) {
 }
 
 func TestScheduleDeadNodeMovesAtOnce(t *testing.T) {
-	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s := ClusterView{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
 	s.Assign = applyPlan(s, Schedule(s))
 	s.Nodes["b"] = NodeView{} // lease expired
 	p := Schedule(s)
@@ -114,7 +114,7 @@ func TestScheduleDeadNodeMovesAtOnce(t *testing.T) {
 }
 
 func TestScheduleDrainIsTwoStep(t *testing.T) {
-	s := State{Names: names(6), Nodes: alive("a", "b"), Assign: map[string]Assignment{}}
+	s := ClusterView{Names: names(6), Nodes: alive("a", "b"), Assign: map[string]Assignment{}}
 	s.Assign = applyPlan(s, Schedule(s))
 	s.Nodes["a"] = NodeView{Alive: true, Cordoned: true, Converged: true}
 	p := Schedule(s)
@@ -137,7 +137,7 @@ func TestScheduleDrainIsTwoStep(t *testing.T) {
 }
 
 func TestScheduleAddNodeMovesOnlyWhatBalanceNeeds(t *testing.T) {
-	s := State{Names: names(12), Nodes: alive("a", "b"), Assign: map[string]Assignment{}}
+	s := ClusterView{Names: names(12), Nodes: alive("a", "b"), Assign: map[string]Assignment{}}
 	s.Assign = applyPlan(s, Schedule(s))
 	s.Nodes["c"] = NodeView{Alive: true, Converged: true}
 	p := Schedule(s)
@@ -154,7 +154,7 @@ func TestScheduleAddNodeMovesOnlyWhatBalanceNeeds(t *testing.T) {
 }
 
 func TestScheduleCapacityAndSpecChanges(t *testing.T) {
-	s := State{Names: names(10), Nodes: alive("a", "b"), Assign: map[string]Assignment{}}
+	s := ClusterView{Names: names(10), Nodes: alive("a", "b"), Assign: map[string]Assignment{}}
 	s.Nodes["a"] = NodeView{Alive: true, Converged: true, Capacity: 2}
 	s.Nodes["b"] = NodeView{Alive: true, Converged: true, Capacity: 3}
 	p := Schedule(s)
@@ -180,7 +180,7 @@ func TestScheduleCapacityAndSpecChanges(t *testing.T) {
 func TestScheduleRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := 0; trial < 200; trial++ {
-		s := State{Names: names(rng.IntN(50)), Nodes: map[string]NodeView{}, Assign: map[string]Assignment{}}
+		s := ClusterView{Names: names(rng.IntN(50)), Nodes: map[string]NodeView{}, Assign: map[string]Assignment{}}
 		for step := 0; step < 30; step++ {
 			node := fmt.Sprintf("n%d", rng.IntN(5))
 			v := s.Nodes[node]
@@ -208,7 +208,7 @@ func TestScheduleRandom(t *testing.T) {
 // the network or etcd), until an operator forces a node's failover or the
 // nodes come back; one node lost of three moves as usual.
 func TestScheduleHoldsMassLoss(t *testing.T) {
-	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s := ClusterView{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
 	s.Assign = applyPlan(s, Schedule(s))
 	before := s.Assign
 	delete(s.Nodes, "b")
@@ -246,7 +246,7 @@ func TestScheduleHoldsMassLoss(t *testing.T) {
 // nothing moved onto it by balance while it settles; moves are bounded
 // per plan; new names still go to it.
 func TestScheduleNoFlapping(t *testing.T) {
-	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s := ClusterView{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
 	s.Assign = applyPlan(s, Schedule(s))
 	// b lost: its names move to a and c.
 	delete(s.Nodes, "b")
@@ -277,7 +277,7 @@ func TestScheduleNoFlapping(t *testing.T) {
 // come back one node at a time: the last one still lost counts with the
 // ones back within the TTL, and nothing moves.
 func TestScheduleMassLossWithinTTL(t *testing.T) {
-	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s := ClusterView{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
 	s.Assign = applyPlan(s, Schedule(s))
 	s.Nodes["a"] = NodeView{Alive: true, Converged: true, Returned: true}
 	s.Nodes["b"] = NodeView{Alive: true, Converged: true, Returned: true}
@@ -297,7 +297,7 @@ func TestScheduleMassLossWithinTTL(t *testing.T) {
 // (Suspect). Nothing moves then, nor once the second expires; if the
 // suspect renews after all, the lone loss fails over.
 func TestScheduleMassLossSuspect(t *testing.T) {
-	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s := ClusterView{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
 	s.Assign = applyPlan(s, Schedule(s))
 	delete(s.Nodes, "c")
 	s.Nodes["b"] = NodeView{Alive: true, Converged: true, Suspect: true}
@@ -376,7 +376,7 @@ func TestPending(t *testing.T) {
 // A hold outlasts the moment that looked like a mass loss: once c's
 // failover is forced, b (still lost, its hold remembered) stays held.
 func TestScheduleHoldIsRemembered(t *testing.T) {
-	s := State{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
+	s := ClusterView{Names: names(9), Nodes: alive("a", "b", "c"), Assign: map[string]Assignment{}}
 	s.Assign = applyPlan(s, Schedule(s))
 	delete(s.Nodes, "b")
 	delete(s.Nodes, "c")
@@ -402,7 +402,7 @@ func TestScheduleHoldIsRemembered(t *testing.T) {
 // A node whose agent runs an older layout keeps its names, gets none new,
 // and is not drained or balanced.
 func TestScheduleFrozen(t *testing.T) {
-	s := State{Names: names(6), Nodes: alive("a", "b"), Assign: map[string]Assignment{
+	s := ClusterView{Names: names(6), Nodes: alive("a", "b"), Assign: map[string]Assignment{
 		"a": {Names: []string{"r-0", "r-1", "r-2", "r-3", "r-4"}},
 	}}
 	v := s.Nodes["a"]

@@ -168,11 +168,11 @@ func (sc *scheduler) follow(ctx context.Context, from int64, kick chan<- struct{
 	}
 }
 
-// StateOf turns a snapshot into the scheduler's input: names whose spec
+// ViewOf turns a snapshot into the scheduler's input: names whose spec
 // runs processes go only to nodes that allow them; nodes whose agent still
 // runs key layout 1 are Frozen.
-func StateOf(snap *Snapshot, names []string) State {
-	st := State{Names: names, Nodes: map[string]NodeView{}, Assign: snap.Assign, Forced: snap.Forced, Held: snap.Held}
+func ViewOf(snap *Snapshot, names []string) ClusterView {
+	st := ClusterView{Names: names, Nodes: map[string]NodeView{}, Assign: snap.Assign, Forced: snap.Forced, Held: snap.Held}
 	for n, info := range snap.Nodes {
 		_, cord := snap.Cordons[n]
 		v := NodeView{Alive: true, Cordoned: cord, AllowProcesses: info.AllowProcesses, Capacity: info.Capacity, Converged: true, Frozen: snap.Legacy[n]}
@@ -201,7 +201,7 @@ const (
 
 // markSettling marks the nodes that came back within settle: a new lease
 // after a lost one, or a failover of their namespaces.
-func markSettling(st *State, snap *Snapshot, now time.Time, settle time.Duration) {
+func markSettling(st *ClusterView, snap *Snapshot, now time.Time, settle time.Duration) {
 	recent := func(t time.Time) bool { return !t.IsZero() && now.Sub(t) < settle }
 	for n, v := range st.Nodes {
 		info := snap.Nodes[n]
@@ -220,7 +220,7 @@ func markSettling(st *State, snap *Snapshot, now time.Time, settle time.Duration
 // NodeView.Suspect). A node whose lease cannot be asked about is not
 // suspect: the question is a refinement, its failure must not hold a
 // failover.
-func (sc *scheduler) markSuspects(ctx context.Context, st *State, snap *Snapshot) {
+func (sc *scheduler) markSuspects(ctx context.Context, st *ClusterView, snap *Snapshot) {
 	dead := false
 	for node, a := range snap.Assign {
 		if _, alive := snap.Nodes[node]; !alive && len(a.Names)+len(a.Releasing) > 0 {
@@ -273,7 +273,7 @@ func leaseSuspect(left, granted int64) bool {
 
 func (sc *scheduler) round(ctx context.Context, snap *Snapshot, leaderKey string, leaderRev int64) error {
 	now := time.Now().UTC()
-	st := StateOf(snap, snap.Names)
+	st := ViewOf(snap, snap.Names)
 	st.MaxMoves = cmp.Or(sc.maxMoves, DefaultMaxMoves)
 	g, err := sc.links(ctx, snap)
 	if err != nil {

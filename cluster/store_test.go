@@ -235,7 +235,7 @@ func TestMigrate(t *testing.T) {
 	if !snap.Legacy["node-a"] || snap.Nodes["node-a"].LeaseID != int64(lease.ID) {
 		t.Errorf("node-a, still on layout 1, is not seen alive: %+v", snap.Nodes)
 	}
-	st := StateOf(snap, snap.Names)
+	st := ViewOf(snap, snap.Names)
 	if p := Schedule(st); p.Assign["node-a"] != nil {
 		t.Errorf("the scheduler rewrites the legacy node's assignment: %+v", p.Assign["node-a"])
 	}
@@ -338,7 +338,7 @@ func TestMarkSuspects(t *testing.T) {
 	}
 	sc := &scheduler{cli: cli, timeout: 5 * time.Second, log: slog.New(slog.DiscardHandler)}
 	marked := func() (a, b bool) {
-		st := StateOf(snap, []string{"r-1", "r-2", "r-3"})
+		st := ViewOf(snap, []string{"r-1", "r-2", "r-3"})
 		sc.markSuspects(ctx, &st, snap)
 		return st.Nodes["a"].Suspect, st.Nodes["b"].Suspect
 	}

@@ -12,9 +12,9 @@ import (
 )
 
 const (
-	thread000 = "000: netns creation regression (RCU callback offloading)"
-	thread003 = "003: /run/netns mount propagation"
-	thread004 = "004: freeing lags creation until ENOSPC"
+	report000 = "000: netns creation regression (RCU callback offloading)"
+	report003 = "003: /run/netns mount propagation"
+	report004 = "004: freeing lags creation until ENOSPC"
 )
 
 func checkRunDir(e *Environment) []Finding {
@@ -28,14 +28,14 @@ func checkRunDir(e *Environment) []Finding {
 		f.Summary = p + " is not a mount point: pins land in the mount at " + e.RunDirState.Parent
 		f.Evidence = []string{"parent mount " + e.RunDirState.Parent + " is " + e.RunDirState.ParentProp}
 		f.Advice = "let nsfleet up (or ip netns add) set it up: it binds the run dir onto itself and makes it shared, so an unpin propagates to every mount namespace and the namespace can be freed"
-		f.Source = thread003
+		f.Source = report003
 	default:
 		f.Severity = OK
 		f.Summary = fmt.Sprintf("%s is a %s mount point (parent %s is %s)", p, e.RunDirState.Propagation, e.RunDirState.Parent, e.RunDirState.ParentProp)
 		if e.RunDirState.Propagation == "private" {
 			f.Severity = Info
 			f.Advice = "a private run dir does not propagate unpins: copies made in other mount namespaces keep namespaces alive until those exit"
-			f.Source = thread003
+			f.Source = report003
 		}
 	}
 	return []Finding{f}
@@ -99,7 +99,7 @@ func checkPins(e *Environment) []Finding {
 			Summary:  "double pins: " + plural(len(stacked)+len(doubles), "namespace is", "namespaces are") + " pinned more than once",
 			Evidence: append(stacked, doubles...),
 			Advice:   "a namespace pinned twice is not freed by one ip netns del (for example a pin under both /run/netns and a separately mounted /var/run/netns, or two racing ip netns add); unmount the extra mounts. nsfleet doctor --fix collapses stacked mounts on nsfleet's own pins",
-			Source:   thread003,
+			Source:   report003,
 		})
 	}
 	// nsfs mounts whose file was deleted: the namespace can never be freed
@@ -150,7 +150,7 @@ func checkMounts(e *Environment) []Finding {
 			rf.Severity = Warn
 		}
 		rf.Advice = "every ip netns add/del (and nsfleet pin) is copied into each of these mount namespaces, and each ip netns exec copies all pins: add and delete slow down as both grow. Start long-lived services with a private or slave /run/netns, or keep fewer idle mount namespaces"
-		rf.Source = thread003
+		rf.Source = report003
 	}
 	return append(out, rf)
 }
@@ -182,7 +182,7 @@ func checkHeadroom(e *Environment) []Finding {
 		"namespaces held only inside the kernel (a socket, a namespace being freed) are not visible without listns(), which this kernel lacks"}
 	if f.Severity = againstLimit(live, e.MaxNetNamespaces); f.Severity > OK {
 		f.Advice = "new namespaces will fail with ENOSPC; namespaces being freed still count, so creating right after deleting many can fail too. Raise user.max_net_namespaces or delete unused namespaces and wait for the kernel (nsfleet down waits)"
-		f.Source = thread004
+		f.Source = report004
 	}
 	out = append(out, f)
 	if len(fdOnly) > 0 {
@@ -269,7 +269,7 @@ func checkKernel(e *Environment) []Finding {
 	var out []Finding
 	if e.KernelConfig == nil {
 		out = append(out, Finding{Check: CheckKernel, Severity: Info, Summary: "kernel config not available (no /proc/config.gz or /boot/config-*)",
-			Advice: "the RCU and HZ options the threads blame cannot be checked; CONFIG_IKCONFIG_PROC=y exposes them"})
+			Advice: "the RCU and HZ options the reports blame cannot be checked; CONFIG_IKCONFIG_PROC=y exposes them"})
 	} else {
 		kc := e.KernelConfig
 		var ev []string
@@ -291,14 +291,14 @@ func checkKernel(e *Environment) []Finding {
 		case kc["CONFIG_RCU_NOCB_CPU"] == "y" && allOffloaded:
 			f.Severity, f.Summary = Warn, "RCU callbacks are offloaded from all CPUs"
 			f.Evidence = append(f.Evidence, "kernel command line: "+strings.TrimSpace(nocbs))
-			f.Advice = "with every CPU offloaded, namespace creation ran at about half speed in the 2014 thread (waiting on callback kthreads); boot with rcu_nocbs= limited to the isolated CPUs, or none"
-			f.Source = thread000
+			f.Advice = "with every CPU offloaded, namespace creation ran at about half speed in the 2014 report (waiting on callback kthreads); boot with rcu_nocbs= limited to the isolated CPUs, or none"
+			f.Source = report000
 		case kc["CONFIG_RCU_NOCB_CPU"] == "y":
 			f.Severity, f.Summary = Info, "RCU callback offloading is built in"
 			if nocbs != "" {
 				f.Evidence = append(f.Evidence, "kernel command line: "+strings.TrimSpace(nocbs))
 			}
-			f.Source = thread000
+			f.Source = report000
 		}
 		out = append(out, f)
 	}
@@ -306,7 +306,7 @@ func checkKernel(e *Environment) []Finding {
 	if e.RCUNormal == "1" {
 		ef.Severity = Info
 		ef.Advice = "rcu_normal=1 turns every expedited grace period into a normal one: each unmount and veth queue change then waits milliseconds longer, and bulk teardown slows"
-		ef.Source = thread004
+		ef.Source = report004
 	}
 	out = append(out, ef)
 	df := Finding{Check: CheckKernel, Severity: OK, Summary: "net.core.devconf_inherit_init_net=" + orDash(e.DevconfInherit)}
@@ -369,7 +369,7 @@ func checkBridges(e *Environment) []Finding {
 			out = append(out, Finding{Check: CheckBridges, Severity: sev,
 				Summary:  fmt.Sprintf("bridge %s has %d ports of at most %d", names[idx], n, bridgeMaxPorts),
 				Advice:   "a Linux bridge stops at 1,024 ports (BR_MAX_PORTS): adding the next router's port will fail with EXFULL; spread routers over several bridges",
-				Source:   thread003,
+				Source:   report003,
 				Evidence: []string{"ports counted from IFLA_MASTER of every link"}})
 		}
 	}

@@ -122,7 +122,7 @@ func TestCheckKernelOffloadedRCU(t *testing.T) {
 	}
 	e.KernelConfig = map[string]string{"CONFIG_RCU_NOCB_CPU": "y"}
 	e.Cmdline = "ro rcu_nocbs=all"
-	if f := checkKernel(e); f[0].Severity != Warn || f[0].Source != thread000 {
+	if f := checkKernel(e); f[0].Severity != Warn || f[0].Source != report000 {
 		t.Errorf("all CPUs offloaded: %+v", f[0])
 	}
 	e.RCUNormal = "1"

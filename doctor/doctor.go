@@ -1,6 +1,6 @@
 // Package doctor checks a machine for the traps that make network
 // namespaces slow or leaky, each learnt the hard way in one of the source
-// threads (docs/BACKGROUND.md): pins that propagate into every mount namespace,
+// reports (docs/BACKGROUND.md): pins that propagate into every mount namespace,
 // stale and double pins, mount and namespace limits, the /proc/sys lookup
 // trap, RCU and neighbour-table settings, bridges near their port limit.
 //
@@ -58,7 +58,7 @@ type Finding struct {
 	Summary  string   `json:"summary"`
 	Evidence []string `json:"evidence,omitempty"`
 	Advice   string   `json:"advice,omitempty"`
-	Source   string   `json:"source,omitempty"` // the seed thread it comes from
+	Source   string   `json:"source,omitempty"` // the report it comes from
 }
 
 // Options tune Run. The zero value checks /run/netns with the defaults.

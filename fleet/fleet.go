@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/netns"
-	"github.com/nsfleet/nsfleet/proc"
+	"github.com/nsfleet/nsfleet/process"
 	"github.com/nsfleet/nsfleet/spec"
 )
 
@@ -32,7 +32,7 @@ import (
 // one worker per CPU the extra workers only wait (see docs/PERFORMANCE.md).
 func DefaultWorkers() int { return runtime.NumCPU() }
 
-// DefaultMark is the interval of the throughput marks (the 2014 thread's).
+// DefaultMark is the interval of the throughput marks (the 2014 report's).
 const DefaultMark = 250
 
 // Options are what Up, Down and List share; each takes them embedded in
@@ -44,8 +44,8 @@ type Options struct {
 	Adopt   bool         // take over matching namespaces nsfleet did not make
 	Log     *slog.Logger // step-level log; nil: discard
 	// Store keeps the records and logs of supervised processes; nil means
-	// proc.StoreFor(RunDir).
-	Store *proc.Store
+	// process.StoreFor(RunDir).
+	Store *process.Store
 	// Grace is how long a supervised process gets after SIGTERM before
 	// SIGKILL, when down removes it or up stops one its spec dropped; 0: 10 s.
 	Grace time.Duration
@@ -107,12 +107,12 @@ func (o *Options) workers(n int) int {
 // it once, before workers share the options.
 func (o Options) withDefaults() Options {
 	if o.Store == nil && o.RunDir != nil {
-		o.Store = proc.StoreFor(o.RunDir)
+		o.Store = process.StoreFor(o.RunDir)
 	}
 	return o
 }
 
-func (o *Options) store() *proc.Store { return o.Store }
+func (o *Options) store() *process.Store { return o.Store }
 
 func (o *UpOptions) previous(name string) *spec.Namespace {
 	if o.Previous == nil {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
-	"github.com/nsfleet/nsfleet/proc"
+	"github.com/nsfleet/nsfleet/process"
 	"github.com/nsfleet/nsfleet/rtnl"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/nsfleet/nsfleet/sysctl"
@@ -221,11 +221,11 @@ func pinState(pins map[string]netns.PinInfo, st *Status) bool {
 // procStates fills in the namespace's processes: those recorded, and those
 // the spec wants but nobody started (drift). recorded, when not nil, holds
 // the namespaces that have records (Store.Namespaces); others are not asked.
-func procStates(store *proc.Store, recorded map[string]bool, want *spec.Namespace, st *Status) {
+func procStates(store *process.Store, recorded map[string]bool, want *spec.Namespace, st *Status) {
 	if store == nil {
 		return
 	}
-	var recs []*proc.Record
+	var recs []*process.Record
 	if recorded == nil || recorded[st.Name] {
 		recs, _ = store.Records(st.Name)
 	}
@@ -235,7 +235,7 @@ func procStates(store *proc.Store, recorded map[string]bool, want *spec.Namespac
 		switch {
 		case r.Stopped:
 			ps.State, ps.PID = "stopped", 0
-		case !proc.Alive(r):
+		case !process.Alive(r):
 			ps.State, ps.PID = "exited", 0
 		}
 		seen[r.Name] = true

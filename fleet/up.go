@@ -10,7 +10,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
-	"github.com/nsfleet/nsfleet/proc"
+	"github.com/nsfleet/nsfleet/process"
 	"github.com/nsfleet/nsfleet/rtnl"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/nsfleet/nsfleet/sysctl"
@@ -308,8 +308,8 @@ func (w *worker) startProcesses(h *netns.NS, ns, prev *spec.Namespace) ([]string
 		if rec != nil && rec.Launching {
 			continue // being launched by another nsfleet right now
 		}
-		changed := proc.Alive(rec) && proc.Changed(rec, p)
-		if proc.Alive(rec) && !changed {
+		changed := process.Alive(rec) && process.Changed(rec, p)
+		if process.Alive(rec) && !changed {
 			continue
 		}
 		if w.opts.DryRun {

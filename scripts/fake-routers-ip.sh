@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 2014 Neutron "fake router" script (docs/BACKGROUND.md, thread 000), as the
+# The 2014 Neutron "fake router" script (docs/BACKGROUND.md, report 000), as the
 # thread ran it: one ip(8) process per command. It is nsfleet's baseline.
 #
 #   scripts/fake-routers-ip.sh COUNT [PREFIX] [MARK]

@@ -54,7 +54,7 @@ type Namespace struct {
 	// Links are the links with an end in this namespace (see Link).
 	Links  []Link  `json:"links,omitempty"`
 	Routes []Route `json:"routes,omitempty"`
-	// Processes are daemons to run inside the namespace (see package proc).
+	// Processes are daemons to run inside the namespace (see package process).
 	Processes []Process `json:"processes,omitempty"`
 }
 

@@ -263,7 +263,7 @@ func buildInitramfs(o Options, release string) (string, []string, error) {
 	}
 	// The kernel's config, where it lies beside the image (as Debian's
 	// packages put it): the guest's environment capture reads the options
-	// the threads blame from /boot/config-RELEASE.
+	// the reports blame from /boot/config-RELEASE.
 	for _, c := range []string{filepath.Join(filepath.Dir(o.Kernel), "config-"+release), filepath.Join(root, "boot", "config-"+release)} {
 		if _, err := os.Stat(c); err == nil {
 			if err := copyIn(c, "/boot/config-"+release); err != nil {

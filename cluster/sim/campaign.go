@@ -130,7 +130,7 @@ type checker struct {
 	where  map[string]string // router -> nodes up, as last traced
 }
 
-func (c *checker) setNodes(st *State, during string) {
+func (c *checker) setNodes(st *Cluster, during string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.o.Trace != nil && during != "" && during != c.during {
@@ -358,7 +358,7 @@ func (n *nemesis) hold() time.Duration {
 	return n.o.TTL + time.Duration(n.rng.Int64N(int64(2*n.o.TTL)))
 }
 
-func (n *nemesis) pickNode(st *State) *NodeInfo {
+func (n *nemesis) pickNode(st *Cluster) *NodeInfo {
 	var live []*NodeInfo
 	for i := range st.Nodes {
 		if !st.Nodes[i].Killed {

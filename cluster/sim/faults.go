@@ -19,7 +19,7 @@ import (
 
 // loadNode loads the sim and one of its nodes; a killed node is an error
 // for every operation but those that accept it.
-func loadNode(dir, node string, killedOK bool) (*State, *NodeInfo, error) {
+func loadNode(dir, node string, killedOK bool) (*Cluster, *NodeInfo, error) {
 	st, err := Load(dir)
 	if err != nil {
 		return nil, nil, err
@@ -73,7 +73,7 @@ func Kill(dir, node string) error {
 	return st.save()
 }
 
-func (st *State) removeNode(n *NodeInfo) error {
+func (st *Cluster) removeNode(n *NodeInfo) error {
 	n.Agent.kill(syscall.SIGKILL, 5*time.Second)
 	killInMountNS(n.MntPin)
 	var errs []error

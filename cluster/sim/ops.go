@@ -38,7 +38,7 @@ const MaxNodes = 250
 
 // Up makes the sim: hub, etcd members, proxy, nodes with agents. On
 // failure it removes what it made.
-func Up(ctx context.Context, o Options) (st *State, err error) {
+func Up(ctx context.Context, o Options) (st *Cluster, err error) {
 	if o.Nodes < 1 || o.Nodes > MaxNodes {
 		return nil, fmt.Errorf("sim up: --nodes %d: want 1 to %d", o.Nodes, MaxNodes)
 	}
@@ -70,7 +70,7 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 			return nil, err
 		}
 	}
-	st = &State{Dir: dir, Binary: bin, AgentBinary: o.AgentBinary, MadeDir: made, Capacity: o.Capacity, Procs: o.AllowProcesses}
+	st = &Cluster{Dir: dir, Binary: bin, AgentBinary: o.AgentBinary, MadeDir: made, Capacity: o.Capacity, Procs: o.AllowProcesses}
 	if o.LeaseTTL > 0 {
 		st.LeaseTTL = o.LeaseTTL.String()
 	}
@@ -130,7 +130,7 @@ func Add(dir string) (*NodeInfo, error) {
 	return &st.Nodes[len(st.Nodes)-1], st.save()
 }
 
-func (st *State) nsPin(name string) string { return filepath.Join(st.Dir, "ns", name) }
+func (st *Cluster) nsPin(name string) string { return filepath.Join(st.Dir, "ns", name) }
 
 // pinNet makes a network namespace, runs setup inside it, and pins it.
 func pinNet(path string, setup func(in *rtnl.Conn) error) (*netns.NS, error) {
@@ -162,7 +162,7 @@ func pinNet(path string, setup func(in *rtnl.Conn) error) (*netns.NS, error) {
 	return ns, nil
 }
 
-func (st *State) makeHub() error {
+func (st *Cluster) makeHub() error {
 	st.HubPin = st.nsPin("hub")
 	hub, err := pinNet(st.HubPin, func(c *rtnl.Conn) error {
 		for k := 1; k <= 3; k++ {
@@ -187,7 +187,7 @@ func (st *State) makeHub() error {
 
 // start runs the cluster binary with args as a daemon (own session, output
 // to log) inside netNS (nil: here) and the mount namespace at mntPin.
-func (st *State) start(name string, args []string, netPin, mntPin, log string) (Daemon, error) {
+func (st *Cluster) start(name string, args []string, netPin, mntPin, log string) (Daemon, error) {
 	out, err := os.OpenFile(log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return Daemon{}, err
@@ -213,7 +213,7 @@ func (st *State) start(name string, args []string, netPin, mntPin, log string) (
 	return d, nil
 }
 
-func (st *State) startMembers() error {
+func (st *Cluster) startMembers() error {
 	for k := 1; k <= 3; k++ {
 		d, err := st.startMember(k)
 		if err != nil {
@@ -225,7 +225,7 @@ func (st *State) startMembers() error {
 }
 
 // startMember starts etcd member k (1..3) in the hub, on its data dir.
-func (st *State) startMember(k int) (Daemon, error) {
+func (st *Cluster) startMember(k int) (Daemon, error) {
 	var cluster []string
 	for j := 1; j <= 3; j++ {
 		cluster = append(cluster, fmt.Sprintf("m%d=http://%s:2380", j, MemberAddr(j)))
@@ -270,7 +270,7 @@ func RestartMember(dir string, k int) error {
 	return st.save()
 }
 
-func (st *State) startProxy() error {
+func (st *Cluster) startProxy() error {
 	addrFile := filepath.Join(st.Dir, "proxy.addr")
 	os.Remove(addrFile)
 	d, err := st.start("proxy", []string{"sim", "__sim-proxy", "--hub", st.HubPin, "--addr-file", addrFile,
@@ -294,7 +294,7 @@ func (st *State) startProxy() error {
 
 func nodeName(k int) string { return fmt.Sprintf("node-%d", k) }
 
-func (st *State) addNode(k int) error {
+func (st *Cluster) addNode(k int) error {
 	n := NodeInfo{Name: nodeName(k), Index: k, NetPin: st.nsPin(nodeName(k)), Binary: st.AgentBinary}
 	ndir := filepath.Join(st.Dir, "nodes", n.Name)
 	n.RunDir = filepath.Join(ndir, "netns")
@@ -358,7 +358,7 @@ func (st *State) addNode(k int) error {
 	return st.startAgent(&st.Nodes[len(st.Nodes)-1])
 }
 
-func (st *State) startAgent(n *NodeInfo) error {
+func (st *Cluster) startAgent(n *NodeInfo) error {
 	args := []string{"agent", "--node", n.Name, "--etcd", strings.Join(Endpoints(), ","),
 		"--run-dir", n.RunDir, "--metrics-addr", MetricsAddr(n.Index), "--peer-addr", PeerAddr(n.Index)}
 	if n.Binary == "" {

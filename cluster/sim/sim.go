@@ -19,15 +19,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/nsfleet/nsfleet/proc"
+	"github.com/nsfleet/nsfleet/process"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 )
 
-// State is DIR/sim.json: what sim made, to find and remove it again.
-type State struct {
+// Cluster is DIR/sim.json: what sim made, to find and remove it again.
+type Cluster struct {
 	Dir    string `json:"dir"`
 	Binary string `json:"binary"` // the nsfleet-cluster that runs the daemons
 	// AgentBinary runs new nodes' agents, if not Binary.
@@ -89,7 +89,7 @@ func Endpoints() []string {
 func statePath(dir string) string { return filepath.Join(dir, "sim.json") }
 
 // Load reads DIR/sim.json.
-func Load(dir string) (*State, error) {
+func Load(dir string) (*Cluster, error) {
 	b, err := os.ReadFile(statePath(dir))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("no sim in %s (nsfleet sim up --dir %s makes one)", dir, dir)
@@ -97,14 +97,14 @@ func Load(dir string) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	var s State
+	var s Cluster
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("%s: %w", statePath(dir), err)
 	}
 	return &s, nil
 }
 
-func (s *State) save() error {
+func (s *Cluster) save() error {
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err
@@ -117,7 +117,7 @@ func (s *State) save() error {
 }
 
 // Node returns the node called name.
-func (s *State) Node(name string) (*NodeInfo, error) {
+func (s *Cluster) Node(name string) (*NodeInfo, error) {
 	for i := range s.Nodes {
 		if s.Nodes[i].Name == name {
 			return &s.Nodes[i], nil
@@ -133,7 +133,7 @@ func (s *State) Node(name string) (*NodeInfo, error) {
 // procStart reads a process's start time, to tell it from a later process
 // that got the same PID; a zombie counts as gone.
 func procStart(pid int) (uint64, error) {
-	start, state, err := proc.StartTime(pid)
+	start, state, err := process.StartTime(pid)
 	if err == nil && (state == 'Z' || state == 'X') {
 		return 0, os.ErrProcessDone
 	}

@@ -38,6 +38,6 @@ func companionCommands() []*cobra.Command {
 		newHandOver(companion.Cluster, "agent", "Serve this node's share of a cluster's fleet (runs nsfleet-cluster)"),
 		newHandOver(companion.Cluster, "cluster", "Apply a spec to a cluster, show it, drain nodes (runs nsfleet-cluster)"),
 		newHandOver(companion.Cluster, "sim", "A whole cluster on one machine, for trying and testing (runs nsfleet-cluster)"),
-		newHandOver(companion.Lab, "bench", "The scalability lab: the kernel threads' workloads, methods side by side (runs nsfleet-lab)"),
+		newHandOver(companion.Lab, "bench", "The scalability lab: the kernel reports' workloads, methods side by side (runs nsfleet-lab)"),
 	}
 }

@@ -18,7 +18,7 @@ func newDoctor(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "doctor [--run-dir DIR] [-o table|json] [--fix]",
 		Short: "Find the traps that make namespaces slow or leaky, with evidence and advice",
-		Long: `doctor checks this machine for what the kernel threads behind nsfleet (docs/BACKGROUND.md) learnt the hard way:
+		Long: `doctor checks this machine for what the kernel reports behind nsfleet (docs/BACKGROUND.md) learnt the hard way:
 the run dir's mount and propagation, stale and double pins, mount load and
 the mount namespaces every pin is copied into, namespace headroom against
 user.max_net_namespaces, the /proc/sys lookup trap, RCU and kernel settings,
@@ -109,7 +109,7 @@ func printReport(w io.Writer, r *doctor.Report, verbose bool) {
 			fmt.Fprintf(w, "      %-18s → %s\n", "", f.Advice)
 		}
 		if f.Source != "" {
-			fmt.Fprintf(w, "      %-18s   (thread %s)\n", "", f.Source)
+			fmt.Fprintf(w, "      %-18s   (report %s)\n", "", f.Source)
 		}
 	}
 	for _, fx := range r.Fixed {

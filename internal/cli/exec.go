@@ -15,7 +15,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
-	"github.com/nsfleet/nsfleet/proc"
+	"github.com/nsfleet/nsfleet/process"
 	"github.com/spf13/cobra"
 )
 
@@ -120,7 +120,7 @@ func execOne(g *globals, rd *netns.RunDir, name string, argv []string, mountNS b
 		err = netns.Do(h, func() error { return syscall.Exec(path, argv, os.Environ()) })
 		return 0, fmt.Errorf("exec: %s: %s: %w", name, argv[0], err)
 	}
-	c, err := proc.Command(argv, proc.Options{MountNS: true, Name: name})
+	c, err := process.Command(argv, process.Options{MountNS: true, Name: name})
 	if err != nil {
 		return 0, fmt.Errorf("exec: %s: %w", name, err)
 	}
@@ -134,7 +134,7 @@ func execOne(g *globals, rd *netns.RunDir, name string, argv []string, mountNS b
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
-	if err := proc.Start(h, c); err != nil {
+	if err := process.Start(h, c); err != nil {
 		return 0, fmt.Errorf("exec: %s: %w", name, err)
 	}
 	done := make(chan struct{})
@@ -150,7 +150,7 @@ func execOne(g *globals, rd *netns.RunDir, name string, argv []string, mountNS b
 	}()
 	werr := c.Wait()
 	close(done)
-	code, err := proc.ExitCode(werr)
+	code, err := process.ExitCode(werr)
 	if err != nil {
 		return 0, fmt.Errorf("exec: %s: %w", name, err)
 	}
@@ -257,11 +257,11 @@ func execPrefixed(rd *netns.RunDir, name string, argv []string, mountNS bool, st
 	// A Cmd that failed to start cannot be started again: build it anew
 	// for each try.
 	c, err := pool.RetryValue(func() (*exec.Cmd, error) {
-		c, err := proc.Command(argv, proc.Options{MountNS: mountNS, Name: name, Stdin: strings.NewReader(""), Stdout: outW, Stderr: errW, DieWithParent: true})
+		c, err := process.Command(argv, process.Options{MountNS: mountNS, Name: name, Stdin: strings.NewReader(""), Stdout: outW, Stderr: errW, DieWithParent: true})
 		if err != nil {
 			return nil, err
 		}
-		return c, proc.Start(h, c)
+		return c, process.Start(h, c)
 	})
 	h.Close()
 	if err != nil {
@@ -274,5 +274,5 @@ func execPrefixed(rd *netns.RunDir, name string, argv []string, mountNS bool, st
 	outW.Close()
 	errW.Close()
 	copies.Wait()
-	return proc.ExitCode(werr)
+	return process.ExitCode(werr)
 }

@@ -1,15 +1,15 @@
 package cli
 
-import "github.com/nsfleet/nsfleet/internal/privilege"
+import "github.com/nsfleet/nsfleet/internal/caps"
 
 // missingCaps lists the capabilities for changing namespaces that the
 // process lacks.
-func missingCaps() []string { return privilege.Missing() }
+func missingCaps() []string { return caps.Missing() }
 
 // needRoot refuses a command that changes namespaces when the process lacks
 // the capabilities for it, once and clearly, before anything is touched.
 func needRoot(command string) error {
-	if err := privilege.Need(command); err != nil {
+	if err := caps.Need(command); err != nil {
 		return &exitError{code: ExitFailed, err: err}
 	}
 	return nil

@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/nsfleet/nsfleet/proc"
+	"github.com/nsfleet/nsfleet/process"
 	"github.com/spf13/cobra"
 )
 
@@ -35,7 +35,7 @@ supervise runs per run dir.`,
 			if err != nil {
 				return err
 			}
-			store := proc.StoreFor(rd)
+			store := process.StoreFor(rd)
 			n, nns := 0, 0
 			for _, ns := range f.Namespaces {
 				if len(ns.Processes) > 0 {
@@ -47,7 +47,7 @@ supervise runs per run dir.`,
 				return &exitError{code: ExitFailed, err: fmt.Errorf("supervise: %s declares no processes", file)}
 			}
 			fmt.Fprintf(g.stderr, "supervise: %d processes in %d namespaces; logs in %s\n", n, nns, filepath.Join(store.Dir, "logs", "NAMESPACE", "PROCESS.log"))
-			err = store.Supervise(cmd.Context(), f, rd, proc.SuperviseOptions{Tick: tick, Backoff: backoff, MaxBackoff: maxBackoff, Log: g.log})
+			err = store.Supervise(cmd.Context(), f, rd, process.SuperviseOptions{Tick: tick, Backoff: backoff, MaxBackoff: maxBackoff, Log: g.log})
 			if err != nil {
 				return fmt.Errorf("supervise: %w", err)
 			}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/fleet"
 	"github.com/nsfleet/nsfleet/internal/nstest"
-	"github.com/nsfleet/nsfleet/proc"
+	"github.com/nsfleet/nsfleet/process"
 	"golang.org/x/sys/unix"
 )
 
@@ -369,7 +369,7 @@ func TestProcessConfigFile(t *testing.T) {
 	if code, out, errs := run("--run-dir", rd.Path, "up", "-f", spec, "--progress", "none"); code != 0 {
 		t.Fatalf("up: %s %s", out, errs)
 	}
-	store := proc.StoreFor(rd)
+	store := process.StoreFor(rd)
 	ns := p + "cfg2"
 	logHas := func(s string) func() bool {
 		return func() bool { b, _ := os.ReadFile(store.LogPath(ns, "d")); return strings.Contains(string(b), s) }

@@ -125,7 +125,7 @@ summary and exits with code 130; the next up carries on.`,
 	cmd.Flags().StringVarP(&file, "file", "f", "", "spec file (YAML)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print the plan and change nothing")
 	cmd.Flags().BoolVar(&adopt, "adopt", false, "take over matching namespaces that nsfleet did not make")
-	cmd.Flags().BoolVar(&marks, "marks", false, "print the rate of every 250 namespaces (the 2014 thread's marks)")
+	cmd.Flags().BoolVar(&marks, "marks", false, "print the rate of every 250 namespaces (the 2014 report's marks)")
 	cmd.Flags().StringVar(&progressMode, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, plain, none")
 	cmd.Flags().StringVar(&profileDir, "profile", "", "sample kernel and nsfleet stacks (on- and off-CPU) into DIR: pprof profile, flame graphs per mark, top kernel functions")
 	return cmd

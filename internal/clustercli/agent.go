@@ -16,7 +16,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/cluster"
 	"github.com/nsfleet/nsfleet/cluster/etcdembed"
-	"github.com/nsfleet/nsfleet/internal/privilege"
+	"github.com/nsfleet/nsfleet/internal/caps"
 	"github.com/nsfleet/nsfleet/internal/version"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -58,7 +58,7 @@ nothing else.`,
       --etcd-cert gw-3.pem --etcd-key gw-3-key.pem --capacity 4000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := privilege.Need("agent"); err != nil {
+			if err := caps.Need("agent"); err != nil {
 				return err
 			}
 			if cfg.Node == "" {

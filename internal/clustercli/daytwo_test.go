@@ -73,7 +73,7 @@ type kernelView struct {
 
 // inKernel reads a router's state from the kernel of the node that holds
 // it; "" node: no node holds it.
-func inKernel(t *testing.T, dir string, st *sim.State, name string) kernelView {
+func inKernel(t *testing.T, dir string, st *sim.Cluster, name string) kernelView {
 	t.Helper()
 	w := where(t, dir)
 	var v kernelView

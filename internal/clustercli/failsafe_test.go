@@ -18,7 +18,7 @@ import (
 
 // hostVethsUp counts, per node and in all, the host veths named with
 // prefix that are up in the nodes' kernels.
-func hostVethsUp(t *testing.T, st *sim.State, prefix string) (map[string]int, int) {
+func hostVethsUp(t *testing.T, st *sim.Cluster, prefix string) (map[string]int, int) {
 	t.Helper()
 	out, total := map[string]int{}, 0
 	for node, up := range vethsUpByNode(t, st, prefix) {
@@ -30,7 +30,7 @@ func hostVethsUp(t *testing.T, st *sim.State, prefix string) (map[string]int, in
 
 // upRouters applies count routers whose host veths are up, and waits
 // until every one is up in the kernels and status is converged.
-func upRouters(t *testing.T, st *sim.State, prefix string, count int) {
+func upRouters(t *testing.T, st *sim.Cluster, prefix string, count int) {
 	t.Helper()
 	specFile := filepath.Join(t.TempDir(), "up.yaml")
 	os.WriteFile(specFile, []byte(fmt.Sprintf(`namespaces:
@@ -61,7 +61,7 @@ func routersFromEnv(def int) int {
 }
 
 // etcdLeader returns the index (1..3) of the sim's etcd leader.
-func etcdLeader(t *testing.T, st *sim.State) int {
+func etcdLeader(t *testing.T, st *sim.Cluster) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -163,7 +163,7 @@ func TestEtcdQuorumLoss(t *testing.T) {
 
 // vethsUpByNode returns, per node, the host veths named with prefix that
 // are up in that node's kernel.
-func vethsUpByNode(t *testing.T, st *sim.State, prefix string) map[string]map[string]bool {
+func vethsUpByNode(t *testing.T, st *sim.Cluster, prefix string) map[string]map[string]bool {
 	t.Helper()
 	out := map[string]map[string]bool{}
 	for node, up := range sim.UpLinks(st.Nodes) {

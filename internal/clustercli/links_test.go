@@ -29,7 +29,7 @@ type routerView struct {
 	routes map[netip.Prefix]bool
 }
 
-func readRouter(t *testing.T, st *sim.State, node, name string) (routerView, error) {
+func readRouter(t *testing.T, st *sim.Cluster, node, name string) (routerView, error) {
 	v := routerView{node: node, links: map[string]rtnl.Link{}, routes: map[netip.Prefix]bool{}}
 	n, err := st.Node(node)
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/nsfleet/nsfleet/cluster"
 	"github.com/nsfleet/nsfleet/cluster/sim"
-	"github.com/nsfleet/nsfleet/internal/privilege"
+	"github.com/nsfleet/nsfleet/internal/caps"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -45,7 +45,7 @@ NSFLEET_ETCD that reaches them from here.`,
 		if dir == "" {
 			return usageError{fmt.Errorf("sim %s: --dir DIR is required", op)}
 		}
-		return privilege.Need("sim " + op)
+		return caps.Need("sim " + op)
 	}
 	cmd.AddCommand(simUp(g, &dir, need), simLs(g, &dir, need), simDown(g, &dir, need), simAdd(g, &dir, need),
 		simNodeOp(g, &dir, need, "kill", "Power loss: kill NODE's agent and processes, remove the node with everything in it", sim.Kill),
@@ -277,7 +277,7 @@ func simUp(g *globals, dir *string, need func(string) error) *cobra.Command {
 }
 
 // waitNodes waits until etcd answers through the proxy and n nodes are alive.
-func waitNodes(ctx context.Context, g *globals, st *sim.State, n int, wait time.Duration) error {
+func waitNodes(ctx context.Context, g *globals, st *sim.Cluster, n int, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	cfg := g.clientConfig([]string{"http://" + st.ProxyAddr})

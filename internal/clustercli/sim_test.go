@@ -134,7 +134,7 @@ func tryStatus(t *testing.T) (*cluster.Report, error) {
 // pinCookies returns the network namespace cookie of each pin on a node:
 // unlike a namespace's inode number, which the kernel reuses as soon as
 // the namespace is freed, a cookie is never given twice.
-func pinCookies(t *testing.T, st *sim.State, node string) map[string]uint64 {
+func pinCookies(t *testing.T, st *sim.Cluster, node string) map[string]uint64 {
 	t.Helper()
 	n, err := st.Node(node)
 	if err != nil {
@@ -180,13 +180,13 @@ func pinCookies(t *testing.T, st *sim.State, node string) map[string]uint64 {
 // upSim makes a 3-node sim for a test, reached through NSFLEET_ETCD; it is
 // removed when the test ends, and its agents' last log lines are shown if
 // the test failed. args go to sim up.
-func upSim(t *testing.T, ttl time.Duration, args ...string) (string, *sim.State) {
+func upSim(t *testing.T, ttl time.Duration, args ...string) (string, *sim.Cluster) {
 	t.Helper()
 	return upSimIn(t, filepath.Join(t.TempDir(), "sim"), ttl, args...)
 }
 
 // upSimIn is upSim in dir (which must not exist yet).
-func upSimIn(t *testing.T, dir string, ttl time.Duration, args ...string) (string, *sim.State) {
+func upSimIn(t *testing.T, dir string, ttl time.Duration, args ...string) (string, *sim.Cluster) {
 	t.Helper()
 	must(t, append([]string{"sim", "up", "--nodes", "3", "--dir", dir, "--lease-ttl", ttl.String()}, args...)...)
 	t.Cleanup(func() {

@@ -24,12 +24,12 @@ func newBench(g *globals) *cobra.Command {
 	o := &bf.o
 	cmd := &cobra.Command{
 		Use:   "bench SCENARIO [flags] | bench list | bench compare A B | bench plot RUN... | bench report RUN...",
-		Short: "The scalability lab: reproduce the kernel threads' workloads and compare methods",
-		Long: `bench runs one of the kernel threads' experiments (docs/BACKGROUND.md), with competing methods
+		Short: "The scalability lab: reproduce the kernel reports' workloads and compare methods",
+		Long: `bench runs one of the kernel reports' experiments (docs/BACKGROUND.md), with competing methods
 ("engines") and variants side by side in one run, repeated --runs times, and
 reports throughput per mark as a table with configurations as columns (mean ±
 standard deviation over the runs). Every run records its environment (kernel,
-command line, CPU, memory, the kernel options the threads blame, sysctls,
+command line, CPU, memory, the kernel options the reports blame, sysctls,
 run-dir propagation, iproute2 and nsfleet versions) and is stored in an SQLite
 file (--db; 'nsfleet bench list' shows past runs).
 
@@ -140,7 +140,7 @@ func (bf *benchFlags) register(cmd *cobra.Command) {
 	f.StringVar(&bf.vmOpts.Cmdline, "kernel-cmdline", "", "extra kernel arguments, e.g. rcu_nocbs=0-1 rcupdate.rcu_expedited=1")
 	f.DurationVar(&bf.vmOpts.Timeout, "vm-timeout", 10*time.Minute, "longest a VM may take to boot and run")
 	f.StringVar(&bf.progressMode, "progress", "auto", "progress display: auto (a bar per configuration and run with rate and ETA on a terminal, plain lines otherwise), bar, plain, none")
-	f.BoolVar(&bf.seedTable, "seed-table", false, "print the source thread's published table beside this machine's figures, in the thread's shape")
+	f.BoolVar(&bf.seedTable, "seed-table", false, "print the report's published table beside this machine's figures, in the report's shape")
 	f.StringVar(&bf.profileDir, "profile", "", "sample kernel and nsfleet stacks into DIR, one range per mark: pprof profile, flame graphs, kernel functions whose share grows with N")
 	f.IntVarP(&bf.o.N, "n", "n", 0, "how many (routers, pairs, iterations); 0: the scenario's default")
 	f.IntVar(&bf.o.Mark, "mark", 0, "a mark every M; 0: the scenario's default")
@@ -258,8 +258,8 @@ func writeSeedTables(g *globals, scenario string, run *bench.Run, output string)
 	}
 	if len(seeds) == 0 {
 		why := map[string]string{
-			"churn":    "thread 004 published stacks and the ENOSPC failure, not a table of figures",
-			"failover": "the 2014 thread published creation rates (see fake-router's seed tables), not failover times",
+			"churn":    "report 004 published stacks and the ENOSPC failure, not a table of figures",
+			"failover": "the 2014 report published creation rates (see fake-router's seed tables), not failover times",
 		}[scenario]
 		if why == "" {
 			why = "none is typed in yet"
@@ -273,7 +273,7 @@ func writeSeedTables(g *globals, scenario string, run *bench.Run, output string)
 	}
 	for _, s := range seeds {
 		if !ranConfig(run, s.Config) {
-			fmt.Fprintf(g.stderr, "bench: --seed-table: thread %s's %q needs %s, which this run did not run\n", s.Thread, s.Title, bench.ConfigKey(s.Config, run.Keys))
+			fmt.Fprintf(g.stderr, "bench: --seed-table: report %s's %q needs %s, which this run did not run\n", s.Report, s.Title, bench.ConfigKey(s.Config, run.Keys))
 			continue
 		}
 		fmt.Fprintln(g.stdout)

@@ -91,9 +91,9 @@ func Command() *cobra.Command { return newRoot(&globals{stdout: io.Discard, stde
 func newRoot(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "nsfleet",
-		Short: "nsfleet's lab: the kernel threads' workloads, methods side by side, statistics and plots",
+		Short: "nsfleet's lab: the kernel reports' workloads, methods side by side, statistics and plots",
 		Long: `The scalability lab (nsfleet bench): each scenario reproduces one kernel
-thread's experiment (docs/BACKGROUND.md) with competing methods side by
+report's experiment (docs/BACKGROUND.md) with competing methods side by
 side, stores every run with its environment, and compares, plots and
 reports runs.`,
 		SilenceUsage:  true,

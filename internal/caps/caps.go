@@ -1,6 +1,6 @@
-// Package privilege tells whether this process may change namespaces, so
+// Package caps tells whether this process may change namespaces, so
 // that commands refuse once and clearly before touching anything.
-package privilege
+package caps
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-// Package proc runs commands inside network namespaces.
+// Package process runs commands inside network namespaces and supervises them.
 //
 // # Two ways in
 //
@@ -40,7 +40,7 @@
 // Start calls netns.Do; it may be called from any goroutine. The returned
 // command is an ordinary *exec.Cmd. Descriptors other than stdin, stdout and
 // stderr are not passed (everything nsfleet opens is O_CLOEXEC).
-package proc
+package process
 
 import (
 	"errors"

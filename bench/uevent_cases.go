@@ -13,7 +13,7 @@ import (
 	"gonum.org/v1/gonum/stat/distuv"
 )
 
-// The thread's own three cases (thread 001): uevents injected into each of
+// The report's own three cases (report 001): uevents injected into each of
 // K network namespaces, as a privileged process may since Linux 4.17 (a
 // message sent on a NETLINK_KOBJECT_UEVENT socket opened inside the
 // namespace is broadcast there with a sequence number; the send returns
@@ -23,10 +23,10 @@ import (
 //	thread-2  K/2 of those and K/2 owned by the initial user namespace
 //	thread-3  the same K without listeners
 //
-// The thread made one user namespace per network namespace; here all the
+// The report made one user namespace per network namespace; here all the
 // userns-owned ones share one (what the kernel's code looks at is whether
 // the owner is the initial user namespace, not which one it is).
-var ueventThreadCases = map[string]struct {
+var ueventReportCases = map[string]struct {
 	userns, initOwned float64 // fractions of K
 	listen            bool
 }{
@@ -35,10 +35,10 @@ var ueventThreadCases = map[string]struct {
 	"thread-3": {0.5, 0.5, false},
 }
 
-// threadCase runs one case: namespaces made, one injector socket inside
+// reportCase runs one case: namespaces made, one injector socket inside
 // each, N injections round-robin over them.
-func (u uevent) threadCase(ctx context.Context, o Options, variant string, cfg map[string]string, rep int, run *Run) error {
-	c := ueventThreadCases[variant]
+func (u uevent) reportCase(ctx context.Context, o Options, variant string, cfg map[string]string, rep int, run *Run) error {
+	c := ueventReportCases[variant]
 	k := UeventNamespaces
 	nUser := int(math.Round(float64(k) * c.userns))
 	nInit := k - nUser
@@ -134,7 +134,7 @@ func ueventMessage(parts ...string) []byte {
 }
 
 // meanCI returns the mean and the half-width of its confidence interval
-// (Student t, as the thread's Welch tests assume per sample).
+// (Student t, as the report's Welch tests assume per sample).
 func meanCI(xs []float64, level float64) (float64, float64) {
 	n := float64(len(xs))
 	if n < 2 {
