@@ -43,17 +43,10 @@ fi
 prefix="k$((seed % 10000))-"
 rundir=$work/netns
 spec=$work/spec.yaml
-cat >"$spec" <<EOF
-namespaces:
-  - name: "${prefix}bar-{i}"
-    count: $routers
-    sysctls:
-      net.ipv4.ip_forward: "1"
-    veths:
-      - host: "${prefix}o{i}"
-        peer: "qri-{i}"
-      - host: "${prefix}g{i}"
-        peer: "qgi-{i}"
+. "$(dirname "$0")/fake-router-spec.sh"
+{
+	fake_router_spec "$prefix" "$routers"
+	cat <<EOF
     processes:
       - name: daemon
         command: ["sleep", "100000"]
@@ -66,6 +59,7 @@ links:
     b_addresses: ["10.{i/256}.{i%256}.1/31"]
   - {a: "${prefix}bar-${routers}:ra", b: "${prefix}bar-1:rb"}
 EOF
+} >"$spec"
 
 nsf() { "$bin" --run-dir "$rundir" "$@"; }
 

@@ -35,18 +35,8 @@ done
 prefix="c$(($$ % 1000))-"
 rundir=$work/netns
 spec=$work/spec.yaml
-cat >"$spec" <<EOF
-namespaces:
-  - name: "${prefix}bar-{i}"
-    count: $n
-    sysctls:
-      net.ipv4.ip_forward: "1"
-    veths:
-      - host: "${prefix}o{i}"
-        peer: "qri-{i}"
-      - host: "${prefix}g{i}"
-        peer: "qgi-{i}"
-EOF
+. "$(dirname "$0")/fake-router-spec.sh"
+fake_router_spec "$prefix" $n >"$spec"
 cleanup() {
 	"${bins[0]}" --run-dir "$rundir" down -f "$spec" --progress none >/dev/null 2>&1 || true
 	umount -l "$rundir" 2>/dev/null || true

@@ -48,18 +48,8 @@ gcc -O2 -o "$work/bulk-unpin" scripts/bulk-unpin.c
 prefix="s$(($$ % 1000))-"
 rundir=$work/netns
 spec=$work/spec.yaml
-cat >"$spec" <<EOF
-namespaces:
-  - name: "${prefix}bar-{i}"
-    count: $n
-    sysctls:
-      net.ipv4.ip_forward: "1"
-    veths:
-      - host: "${prefix}o{i}"
-        peer: "qri-{i}"
-      - host: "${prefix}g{i}"
-        peer: "qgi-{i}"
-EOF
+. scripts/fake-router-spec.sh # (the cd above: paths from the repository root)
+fake_router_spec "$prefix" $n >"$spec"
 spids=()
 cleanup() {
 	for p in "${spids[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -8,45 +8,21 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	_ "github.com/nsfleet/nsfleet/internal/fastexec" // exec NAME -- CMD before the Go runtime starts
 	"github.com/nsfleet/nsfleet/internal/version"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/spec"
 	"github.com/spf13/cobra"
 )
-
-// Exit codes.
-const (
-	ExitOK          = 0
-	ExitFailed      = 1 // something failed or was left alone
-	ExitUsage       = 2
-	ExitInterrupted = 130
-)
-
-// exitError carries an exit code through cobra.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string {
-	if e.err == nil {
-		return fmt.Sprintf("exit status %d", e.code)
-	}
-	return e.err.Error()
-}
-func (e *exitError) Unwrap() error { return e.err }
 
 type globals struct {
 	runDir   string
@@ -59,43 +35,19 @@ type globals struct {
 }
 
 // Run executes nsfleet with args (without the program name) and returns the
-// process exit code. SIGINT and SIGTERM cancel ctx's work: running commands
-// stop starting new work, finish what is in flight, and print their summary.
+// process exit code (see package exitcode). SIGINT and SIGTERM cancel ctx's
+// work: running commands stop starting new work, finish what is in flight,
+// and print their summary.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	g := &globals{stdout: stdout, stderr: stderr}
-	root := newRoot(g)
-	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return ExitOK
-	}
-	var ee *exitError
-	if errors.As(err, &ee) && ee.err == nil {
-		return ee.code // the code says it all (exec passes the command's on)
-	}
-	fmt.Fprintln(stderr, "nsfleet:", err)
-	if ee != nil {
-		return ee.code
-	}
-	if ctx.Err() != nil {
-		return ExitInterrupted
-	}
-	if isUsage(err) {
-		return ExitUsage
-	}
-	return ExitFailed
+	return exitcode.Execute(ctx, newRoot(g), args, stdout, stderr)
 }
 
-type usageError struct{ error }
-
-func isUsage(err error) bool {
-	var u usageError
-	return errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command")
-}
+// usageError and exitError are exitcode's, by their short local names.
+type (
+	usageError = exitcode.UsageError
+	exitError  = exitcode.Error
+)
 
 // Command is nsfleet's command tree, for generated docs (man pages); it
 // runs nothing.
@@ -128,7 +80,7 @@ iproute2's: 'ip netns list', 'ip -n NAME' and 'ip netns exec' see them.`,
 			}
 			g.log = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
 			if g.workers < 0 {
-				return usageError{fmt.Errorf("--workers %d: want 0 (automatic) or more", g.workers)}
+				return usageError{Err: fmt.Errorf("--workers %d: want 0 (automatic) or more", g.workers)}
 			}
 			return nil
 		},
@@ -140,7 +92,6 @@ iproute2's: 'ip netns list', 'ip -n NAME' and 'ip netns exec' see them.`,
 	pf.BoolVar(&g.waitLock, "wait-lock", false, "wait for another nsfleet on the same run dir instead of failing")
 	root.AddCommand(newUp(g), newDown(g), newLs(g), newExec(g), newSupervise(g), newDoctor(g), newTopo(g), version.Command(g.stdout))
 	root.AddCommand(companionCommands()...)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	completions(root, g)
 	return root
 }
@@ -163,7 +114,7 @@ func (g *globals) openRunDir(create bool) (*netns.RunDir, *netns.Lock, error) {
 // opened (not locked).
 func (g *globals) rootSpecRunDir(command, file string) (*spec.Fleet, *netns.RunDir, error) {
 	if file == "" {
-		return nil, nil, usageError{fmt.Errorf("%s: -f SPEC is required", command)}
+		return nil, nil, usageError{Err: fmt.Errorf("%s: -f SPEC is required", command)}
 	}
 	if err := needRoot(command); err != nil {
 		return nil, nil, err

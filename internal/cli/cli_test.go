@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/nsfleet/nsfleet/internal/reexec"
-	"golang.org/x/sys/unix"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -15,6 +13,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nsfleet/nsfleet/internal/exitcode"
+	"github.com/nsfleet/nsfleet/internal/reexec"
+	"golang.org/x/sys/unix"
 
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"github.com/nsfleet/nsfleet/netns"
@@ -94,8 +96,8 @@ func TestHelpTeaches(t *testing.T) {
 func TestUsageErrors(t *testing.T) {
 	cases := [][]string{{"up"}, {"down"}, {"down", "-f", "x", "--prefix", "y"}, {"ls", "-o", "xml"}, {"frobnicate"}}
 	for _, args := range cases {
-		if code, _, errs := run(args...); code != ExitUsage || errs == "" {
-			t.Errorf("%v: code %d (want %d), stderr %q", args, code, ExitUsage, errs)
+		if code, _, errs := run(args...); code != exitcode.Usage || errs == "" {
+			t.Errorf("%v: code %d (want %d), stderr %q", args, code, exitcode.Usage, errs)
 		}
 	}
 }
@@ -104,7 +106,7 @@ func TestBadSpecNamesLine(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(path, []byte("namespaces:\n  - name: \"a{i}\"\n    count: 2\n    veths: [{host: \"waytoolonginterfacename{i}\", peer: p}]\n"), 0o644)
 	code, _, errs := run("--run-dir", t.TempDir(), "up", "-f", path)
-	if code != ExitFailed || !strings.Contains(errs, path+":4:") || !strings.Contains(errs, "index 1") {
+	if code != exitcode.Failed || !strings.Contains(errs, path+":4:") || !strings.Contains(errs, "index 1") {
 		t.Fatalf("code %d, stderr %q", code, errs)
 	}
 }
@@ -147,7 +149,7 @@ func TestInteropWithIproute2(t *testing.T) {
 		t.Fatalf("ls: %d\n%s", code, out2)
 	}
 	code, out2, _ = run("down", "--prefix", p)
-	if code != ExitFailed || !strings.Contains(out2, "3 deleted, 1 skipped") {
+	if code != exitcode.Failed || !strings.Contains(out2, "3 deleted, 1 skipped") {
 		t.Fatalf("down: %d\n%s", code, out2)
 	}
 	// ip netns del works on what nsfleet made, too.
@@ -231,8 +233,8 @@ func TestSigintSummarises(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGINT)
 	err := cmd.Wait()
 	ee, ok := err.(*exec.ExitError)
-	if !ok || ee.ExitCode() != ExitInterrupted {
-		t.Fatalf("exit: %v, want code %d; output:\n%s", err, ExitInterrupted, out.String())
+	if !ok || ee.ExitCode() != exitcode.Interrupted {
+		t.Fatalf("exit: %v, want code %d; output:\n%s", err, exitcode.Interrupted, out.String())
 	}
 	if !strings.Contains(out.String(), "up (interrupted):") {
 		t.Fatalf("no summary:\n%s", out.String())
@@ -370,7 +372,7 @@ func TestSecondRunRefusedWhileLocked(t *testing.T) {
 	defer l.Unlock()
 	p := nstest.Prefix(t)
 	code, _, errs := run("--run-dir", rd.Path, "up", "-f", writeSpec(t, p, 1))
-	if code != ExitFailed || !strings.Contains(errs, netns.ErrLocked.Error()) || !strings.Contains(errs, fmt.Sprint(os.Getpid())) {
+	if code != exitcode.Failed || !strings.Contains(errs, netns.ErrLocked.Error()) || !strings.Contains(errs, fmt.Sprint(os.Getpid())) {
 		t.Fatalf("code %d, stderr %q", code, errs)
 	}
 }
@@ -442,7 +444,7 @@ func TestUnprivileged(t *testing.T) {
 		{"doctor", "--fix"},
 	} {
 		code, out := asNobody(args...)
-		if code != ExitFailed || !strings.Contains(out, "needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN") || strings.Count(out, "\n") != 1 {
+		if code != exitcode.Failed || !strings.Contains(out, "needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN") || strings.Count(out, "\n") != 1 {
 			t.Errorf("%s as nobody: code %d, %q; want one line saying it needs root", args[0], code, out)
 		}
 	}
@@ -450,10 +452,10 @@ func TestUnprivileged(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "3 namespaces: 3 unread") || strings.Count(out, "need root") != 1 || strings.Contains(out, "operation not permitted") {
 		t.Errorf("ls as nobody: code %d:\n%s", code, out)
 	}
-	if code, out := asNobody("ls", "-f", spec); code != ExitFailed || !strings.Contains(out, "cannot compare") {
+	if code, out := asNobody("ls", "-f", spec); code != exitcode.Failed || !strings.Contains(out, "cannot compare") {
 		t.Errorf("ls -f as nobody: code %d:\n%s", code, out)
 	}
-	if code, out := asNobody("doctor"); code == ExitUsage || !strings.Contains(out, "run it as root for all of them") {
+	if code, out := asNobody("doctor"); code == exitcode.Usage || !strings.Contains(out, "run it as root for all of them") {
 		t.Errorf("doctor as nobody: code %d:\n%s", code, out)
 	}
 	// Nothing changed: everything is still there.

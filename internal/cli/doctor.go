@@ -36,7 +36,7 @@ mark, extra mounts stacked on its own pins) and prints each change.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if output != "table" && output != "json" {
-				return usageError{fmt.Errorf("doctor: -o %q: want table or json", output)}
+				return usageError{Err: fmt.Errorf("doctor: -o %q: want table or json", output)}
 			}
 			if fix {
 				if err := needRoot("doctor --fix"); err != nil {
@@ -86,7 +86,7 @@ mark, extra mounts stacked on its own pins) and prints each change.`,
 				printReport(g.stdout, rep, g.verbose)
 			}
 			if code := doctor.ExitCode(rep.Worst()); code != 0 {
-				return &exitError{code: code}
+				return &exitError{Code: code}
 			}
 			return nil
 		},

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/internal/progress"
 	"github.com/nsfleet/nsfleet/kprof"
 	"github.com/nsfleet/nsfleet/netns"
@@ -38,7 +39,7 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if (file == "") == (prefix == "") {
-				return usageError{fmt.Errorf("down: give exactly one of -f SPEC or --prefix P")}
+				return usageError{Err: fmt.Errorf("down: give exactly one of -f SPEC or --prefix P")}
 			}
 			if err := needRoot("down"); err != nil {
 				return err
@@ -92,13 +93,13 @@ still holds). Namespaces nsfleet did not make are left alone unless --adopt.`,
 			}
 			printDownReport(g.stdout, &rep, dryRun)
 			if rep.Interrupted {
-				return &exitError{code: ExitInterrupted, err: fmt.Errorf("down: %w", fleet.ErrInterrupted)}
+				return &exitError{Code: exitcode.Interrupted, Err: fmt.Errorf("down: %w", fleet.ErrInterrupted)}
 			}
 			if len(rep.Pending) > 0 {
-				return &exitError{code: ExitFailed, err: fmt.Errorf("down: kernel cleanup still pending: nothing freed for %s", timeout)}
+				return &exitError{Code: exitcode.Failed, Err: fmt.Errorf("down: kernel cleanup still pending: nothing freed for %s", timeout)}
 			}
 			if err := rep.Err(); err != nil {
-				return &exitError{code: ExitFailed, err: fmt.Errorf("down: %w", err)}
+				return &exitError{Code: exitcode.Failed, Err: fmt.Errorf("down: %w", err)}
 			}
 			if !dryRun {
 				releaseRunDir(g, rd)

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/internal/pool"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/process"
@@ -64,26 +65,26 @@ name, and ends with a summary of exit codes.`,
 			}
 			if all {
 				if (file == "") == (prefix == "") {
-					return usageError{fmt.Errorf("exec --all: give exactly one of -f SPEC or --prefix P")}
+					return usageError{Err: fmt.Errorf("exec --all: give exactly one of -f SPEC or --prefix P")}
 				}
 				if args = dashless(args); len(args) == 0 {
-					return usageError{fmt.Errorf("exec --all: want -- CMD [ARGS...]")}
+					return usageError{Err: fmt.Errorf("exec --all: want -- CMD [ARGS...]")}
 				}
 				return execAll(cmd.Context(), g, rd, file, prefix, parallel, mountNS, args)
 			}
 			if file != "" || prefix != "" {
-				return usageError{fmt.Errorf("exec: -f and --prefix go with --all")}
+				return usageError{Err: fmt.Errorf("exec: -f and --prefix go with --all")}
 			}
 			argv := dashless(args[1:])
 			if len(argv) == 0 {
-				return usageError{fmt.Errorf("exec: want NAME -- CMD [ARGS...]")}
+				return usageError{Err: fmt.Errorf("exec: want NAME -- CMD [ARGS...]")}
 			}
 			code, err := execOne(g, rd, args[0], argv, mountNS)
 			if err != nil {
 				return err
 			}
 			if code != 0 {
-				return &exitError{code: code}
+				return &exitError{Code: code}
 			}
 			return nil
 		},
@@ -177,7 +178,7 @@ func execAll(ctx context.Context, g *globals, rd *netns.RunDir, file, prefix str
 		}
 	}
 	if len(names) == 0 {
-		return &exitError{code: ExitFailed, err: fmt.Errorf("exec --all: no namespace matches")}
+		return &exitError{Code: exitcode.Failed, Err: fmt.Errorf("exec --all: no namespace matches")}
 	}
 	if parallel < 1 {
 		parallel = 1
@@ -215,10 +216,10 @@ func execAll(ctx context.Context, g *globals, rd *netns.RunDir, file, prefix str
 	}
 	fmt.Fprintf(g.stderr, "exec: %d namespaces: %s\n", len(names), strings.Join(parts, ", "))
 	if ctx.Err() != nil {
-		return &exitError{code: ExitInterrupted}
+		return &exitError{Code: exitcode.Interrupted}
 	}
 	if failed > 0 || len(keys) > 1 || (len(keys) == 1 && keys[0] != 0) {
-		return &exitError{code: ExitFailed}
+		return &exitError{Code: exitcode.Failed}
 	}
 	return nil
 }

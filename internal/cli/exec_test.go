@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"golang.org/x/sys/unix"
 )
@@ -80,7 +81,7 @@ func testExecPassesThrough(t *testing.T) {
 	}
 	// A command that does not exist: a clear error, not a hang or a crash.
 	code, _, errs := run("--run-dir", rd.Path, "exec", name, "--", "no-such-command-"+p)
-	if code != ExitFailed || !strings.Contains(errs, "executable file not found") {
+	if code != exitcode.Failed || !strings.Contains(errs, "executable file not found") {
 		t.Errorf("missing command: code %d, %q", code, errs)
 	}
 	// No mount namespace was made.
@@ -175,7 +176,7 @@ func TestExecAll(t *testing.T) {
 	out.Reset()
 	errb.Reset()
 	code = Run(t.Context(), []string{"--run-dir", rd.Path, "exec", "--all", "--prefix", p, "--", "sh", "-c", "case $(cat /proc/self/ns/../ns/net 2>/dev/null; hostname) in *) exit 3;; esac"}, &out, &errb)
-	if code != ExitFailed || !strings.Contains(errb.String(), "5 exited 3") {
+	if code != exitcode.Failed || !strings.Contains(errb.String(), "5 exited 3") {
 		t.Errorf("code %d, %s", code, errb.String())
 	}
 }

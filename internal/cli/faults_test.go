@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"github.com/nsfleet/nsfleet/netns"
 	"golang.org/x/sys/unix"
@@ -99,7 +100,7 @@ func TestRunDirFilesystemFull(t *testing.T) {
 		os.Remove(f)
 	}
 	code, out, errs := run("--run-dir", rd.Path, "up", "-f", spec, "--progress", "none")
-	if code != ExitFailed || !strings.Contains(errs, "no space left on device") || !strings.Contains(errs, "0 of 40 inodes") || !strings.Contains(out+errs, " failed") {
+	if code != exitcode.Failed || !strings.Contains(errs, "no space left on device") || !strings.Contains(errs, "0 of 40 inodes") || !strings.Contains(out+errs, " failed") {
 		t.Fatalf("up on a full run dir: code %d\n%s%s", code, out, errs)
 	}
 	assertNoHalfPins(t, rd)
@@ -123,11 +124,11 @@ func TestRunDirReadOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errs := run("--run-dir", rd.Path, "up", "-f", big, "--progress", "none")
-	if code != ExitFailed || !strings.Contains(errs, "read-only") || !strings.Contains(out+errs, "2 unchanged, 2 failed") {
+	if code != exitcode.Failed || !strings.Contains(errs, "read-only") || !strings.Contains(out+errs, "2 unchanged, 2 failed") {
 		t.Fatalf("up on a read-only run dir: code %d\n%s%s", code, out, errs)
 	}
 	code, out, errs = run("--run-dir", rd.Path, "down", "-f", big, "--progress", "none")
-	if code != ExitFailed || !strings.Contains(errs, "read-only filesystem: nothing deleted") {
+	if code != exitcode.Failed || !strings.Contains(errs, "read-only filesystem: nothing deleted") {
 		t.Fatalf("down on a read-only run dir: code %d\n%s%s", code, out, errs)
 	}
 	assertNoHalfPins(t, rd)
@@ -207,7 +208,7 @@ func TestConcurrentDeletionDuringUp(t *testing.T) {
 	err := up.Wait()
 	close(stop)
 	wg.Wait()
-	if ee, ok := err.(*exec.ExitError); err != nil && (!ok || ee.ExitCode() != ExitFailed) {
+	if ee, ok := err.(*exec.ExitError); err != nil && (!ok || ee.ExitCode() != exitcode.Failed) {
 		t.Fatalf("up while another tool deletes: %v\n%s", err, upOut.String())
 	}
 	if !strings.Contains(upOut.String(), "up: ") {
@@ -246,7 +247,7 @@ func TestProcessLogDiskFull(t *testing.T) {
 	}
 	f.Close()
 	code, out, errs := run("--run-dir", rd.Path, "up", "-f", spec, "--progress", "none")
-	if code != ExitFailed || !strings.Contains(errs, "no space left on device") || !strings.Contains(errs, "KiB free") {
+	if code != exitcode.Failed || !strings.Contains(errs, "no space left on device") || !strings.Contains(errs, "KiB free") {
 		t.Fatalf("up with a full log filesystem: code %d\n%s%s", code, out, errs)
 	}
 	for i := 1; i <= 3; i++ {

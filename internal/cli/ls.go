@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/kprof"
 	"github.com/nsfleet/nsfleet/netns"
 	"github.com/nsfleet/nsfleet/spec"
@@ -40,10 +41,10 @@ after '='.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if file != "" && prefix != "" {
-				return usageError{fmt.Errorf("ls: give -f SPEC or --prefix P, not both")}
+				return usageError{Err: fmt.Errorf("ls: give -f SPEC or --prefix P, not both")}
 			}
 			if output != "table" && output != "json" {
-				return usageError{fmt.Errorf("ls: -o %q: want table or json", output)}
+				return usageError{Err: fmt.Errorf("ls: -o %q: want table or json", output)}
 			}
 			var f *spec.Fleet
 			if file != "" {
@@ -106,12 +107,12 @@ after '='.`,
 			if f != nil {
 				for _, s := range st {
 					if s.State == fleet.StateUnread {
-						return &exitError{code: ExitFailed, err: fmt.Errorf("ls: cannot compare the machine with %s without root", file)}
+						return &exitError{Code: exitcode.Failed, Err: fmt.Errorf("ls: cannot compare the machine with %s without root", file)}
 					}
 				}
 				for _, s := range st {
 					if s.State != fleet.StateOK {
-						return &exitError{code: ExitFailed, err: fmt.Errorf("ls: the machine does not match %s", file)}
+						return &exitError{Code: exitcode.Failed, Err: fmt.Errorf("ls: the machine does not match %s", file)}
 					}
 				}
 			}

@@ -1,6 +1,9 @@
 package cli
 
-import "github.com/nsfleet/nsfleet/internal/caps"
+import (
+	"github.com/nsfleet/nsfleet/internal/caps"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
+)
 
 // missingCaps lists the capabilities for changing namespaces that the
 // process lacks.
@@ -10,7 +13,7 @@ func missingCaps() []string { return caps.Missing() }
 // the capabilities for it, once and clearly, before anything is touched.
 func needRoot(command string) error {
 	if err := caps.Need(command); err != nil {
-		return &exitError{code: ExitFailed, err: err}
+		return &exitError{Code: exitcode.Failed, Err: err}
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/process"
 	"github.com/spf13/cobra"
 )
@@ -44,7 +45,7 @@ supervise runs per run dir.`,
 				}
 			}
 			if n == 0 {
-				return &exitError{code: ExitFailed, err: fmt.Errorf("supervise: %s declares no processes", file)}
+				return &exitError{Code: exitcode.Failed, Err: fmt.Errorf("supervise: %s declares no processes", file)}
 			}
 			fmt.Fprintf(g.stderr, "supervise: %d processes in %d namespaces; logs in %s\n", n, nns, filepath.Join(store.Dir, "logs", "NAMESPACE", "PROCESS.log"))
 			err = store.Supervise(cmd.Context(), f, rd, process.SuperviseOptions{Tick: tick, Backoff: backoff, MaxBackoff: maxBackoff, Log: g.log})

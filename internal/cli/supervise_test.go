@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"github.com/nsfleet/nsfleet/process"
 	"golang.org/x/sys/unix"
@@ -265,7 +266,7 @@ func TestProcessPrivilegesRefusedInSpec(t *testing.T) {
 		spec := filepath.Join(dir, "s.yaml")
 		os.WriteFile(spec, []byte("namespaces:\n  - name: x\n    processes:\n      - name: d\n        command: [sleep, \"1\"]\n        "+bad+"\n"), 0o644)
 		code, _, errs := run("--run-dir", filepath.Join(dir, "netns"), "up", "-f", spec)
-		if code != ExitUsage && code != ExitFailed || !strings.Contains(errs, "s.yaml:") {
+		if code != exitcode.Usage && code != exitcode.Failed || !strings.Contains(errs, "s.yaml:") {
 			t.Errorf("%s: code %d, %q; want a refusal naming the file and line", bad, code, errs)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/internal/progress"
 	"github.com/nsfleet/nsfleet/topo"
 	"github.com/spf13/cobra"
@@ -61,21 +62,21 @@ waits until every router has a route to every other's loopback.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			t, err := topology(prefix, args)
 			if err != nil {
-				return usageError{err}
+				return usageError{Err: err}
 			}
 			o := topo.Options{MTU: mtu, NoForward: noForward, NoIPv6: noIPv6, BirdHello: birdHello}
 			if o.Addressing.Links, err = netip.ParsePrefix(links); err != nil {
-				return usageError{fmt.Errorf("--links %q: %w", links, err)}
+				return usageError{Err: fmt.Errorf("--links %q: %w", links, err)}
 			}
 			if o.Addressing.Loopbacks, err = netip.ParsePrefix(loopbacks); err != nil {
-				return usageError{fmt.Errorf("--loopbacks %q: %w", loopbacks, err)}
+				return usageError{Err: fmt.Errorf("--loopbacks %q: %w", loopbacks, err)}
 			}
 			for _, p := range processes {
 				o.Processes = append(o.Processes, "- "+p)
 			}
 			w := bufio.NewWriter(g.stdout)
 			if err := t.Write(w, o); err != nil {
-				return usageError{err}
+				return usageError{Err: err}
 			}
 			return w.Flush()
 		},
@@ -172,7 +173,7 @@ converged, 1 at the timeout (naming the router that reaches fewest).`,
 					break
 				}
 				if time.Since(start) >= timeout {
-					return &exitError{code: ExitFailed, err: fmt.Errorf("topo wait: %d of %d routers reach every other loopback after %s; %s", n, total, el, why)}
+					return &exitError{Code: exitcode.Failed, Err: fmt.Errorf("topo wait: %d of %d routers reach every other loopback after %s; %s", n, total, el, why)}
 				}
 				if time.Since(last) >= progress.PlainEvery {
 					last = time.Now()

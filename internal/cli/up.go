@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nsfleet/nsfleet/fleet"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/internal/progress"
 	"github.com/nsfleet/nsfleet/kprof"
 	"github.com/nsfleet/nsfleet/netns"
@@ -39,7 +40,7 @@ summary and exits with code 130; the next up carries on.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if file == "" {
-				return usageError{fmt.Errorf("up: -f SPEC is required")}
+				return usageError{Err: fmt.Errorf("up: -f SPEC is required")}
 			}
 			if err := needRoot("up"); err != nil {
 				return err
@@ -113,11 +114,11 @@ summary and exits with code 130; the next up carries on.`,
 				printMarks(g.stdout, &sum, opts.Steps)
 			}
 			if serr := sum.Err(); serr != nil {
-				code := ExitFailed
+				code := exitcode.Failed
 				if sum.Interrupted {
-					code = ExitInterrupted
+					code = exitcode.Interrupted
 				}
-				return &exitError{code: code, err: fmt.Errorf("%s: %w", verb, serr)}
+				return &exitError{Code: code, Err: fmt.Errorf("%s: %w", verb, serr)}
 			}
 			return nil
 		},

@@ -69,16 +69,16 @@ nothing else.`,
 				cfg.Node = h
 			}
 			if err := cluster.ValidNodeName(cfg.Node); err != nil {
-				return usageError{fmt.Errorf("agent: %w", err)}
+				return usageError{Err: fmt.Errorf("agent: %w", err)}
 			}
 			if cfg.Capacity < 0 {
-				return usageError{fmt.Errorf("agent: --capacity %d: want 0 (no limit) or more", cfg.Capacity)}
+				return usageError{Err: fmt.Errorf("agent: --capacity %d: want 0 (no limit) or more", cfg.Capacity)}
 			}
 			ctx := cmd.Context()
 			eps, given := g.endpoints()
 			var err error
 			if cfg.TunnelAddr, err = tunnelAddr(local.tunnelAddr, cfg.PeerAddr, eps); err != nil {
-				return usageError{fmt.Errorf("agent: %w", err)}
+				return usageError{Err: fmt.Errorf("agent: %w", err)}
 			}
 			if !given {
 				srv, err := etcdembed.Start(etcdembed.Member{Name: cfg.Node, DataDir: filepath.Join(local.dataDir, "etcd"),
@@ -114,7 +114,7 @@ nothing else.`,
 			cfg.Log, cfg.Version, cfg.NoWatchdog = g.log.With("node", cfg.Node), version.String(), !local.watchdog
 			a, err := cluster.NewAgent(cfg)
 			if err != nil {
-				return usageError{fmt.Errorf("agent: %w", err)}
+				return usageError{Err: fmt.Errorf("agent: %w", err)}
 			}
 			if local.metricsAddr != "" {
 				srv, err := serveMetrics(local.metricsAddr, cfg.Metrics, a, local.pprof)

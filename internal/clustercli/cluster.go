@@ -69,13 +69,13 @@ one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if file == "" {
-				return usageError{fmt.Errorf("cluster apply: -f SPEC is required")}
+				return usageError{Err: fmt.Errorf("cluster apply: -f SPEC is required")}
 			}
 			if name == "" {
 				name = cluster.DefaultSpecName(file)
 			}
 			if err := cluster.ValidSpecName(name); err != nil {
-				return usageError{fmt.Errorf("cluster apply: --name: %w", err)}
+				return usageError{Err: fmt.Errorf("cluster apply: --name: %w", err)}
 			}
 			_, f, err := readSpec(file)
 			if err != nil {
@@ -151,7 +151,7 @@ touched. 'cluster status' lists the stored specs.`,
 			case len(args) == 0 && file != "":
 				name = cluster.DefaultSpecName(file)
 			default:
-				return usageError{fmt.Errorf("cluster delete: give the spec's NAME or -f SPEC (one of them)")}
+				return usageError{Err: fmt.Errorf("cluster delete: give the spec's NAME or -f SPEC (one of them)")}
 			}
 			cli, err := g.connect(cmd.Context(), "cluster delete")
 			if err != nil {
@@ -197,7 +197,7 @@ migrate again finishes a migration cut short.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if name != "" {
 				if err := cluster.ValidSpecName(name); err != nil {
-					return usageError{fmt.Errorf("cluster migrate: --name: %w", err)}
+					return usageError{Err: fmt.Errorf("cluster migrate: --name: %w", err)}
 				}
 			}
 			cli, err := g.connect(cmd.Context(), "cluster migrate")
@@ -228,7 +228,7 @@ func newStatus(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if output != "text" && output != "json" {
-				return usageError{fmt.Errorf("cluster status: -o %q: want text or json", output)}
+				return usageError{Err: fmt.Errorf("cluster status: -o %q: want text or json", output)}
 			}
 			cli, err := g.connect(cmd.Context(), "cluster status")
 			if err != nil {
@@ -472,7 +472,7 @@ Exit 0 when ready, 1 at the timeout (saying what is still pending).`,
   nsfleet cluster wait qrouter-17 qrouter-18`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if what != "ready" {
-				return usageError{fmt.Errorf("cluster wait: --for %q: only ready is known", what)}
+				return usageError{Err: fmt.Errorf("cluster wait: --for %q: only ready is known", what)}
 			}
 			cli, err := g.connect(cmd.Context(), "cluster wait")
 			if err != nil {

@@ -6,17 +6,15 @@ package clustercli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nsfleet/nsfleet/cluster"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/internal/version"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -38,31 +36,14 @@ type globals struct {
 	log         *slog.Logger
 }
 
-type usageError struct{ error }
+// usageError is exitcode's, by its short local name.
+type usageError = exitcode.UsageError
 
-// Run runs the cluster binary with args and returns the exit code.
+// Run runs the cluster binary with args and returns the exit code (see
+// package exitcode).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	g := &globals{stdout: stdout, stderr: stderr}
-	root := newRoot(g)
-	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return 0
-	}
-	fmt.Fprintln(stderr, "nsfleet:", err)
-	var u usageError
-	switch {
-	case ctx.Err() != nil:
-		return 130
-	case errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command"):
-		return 2
-	}
-	return 1
+	return exitcode.Execute(ctx, newRoot(g), args, stdout, stderr)
 }
 
 // Command is the cluster binary's command tree, for generated docs (man
@@ -91,7 +72,7 @@ shows the cluster; 'nsfleet sim' makes a whole cluster on one machine.`,
 			case "json":
 				g.log = slog.New(slog.NewJSONHandler(g.stderr, opts))
 			default:
-				return usageError{fmt.Errorf("--log-format %q: want text or json", g.logFormat)}
+				return usageError{Err: fmt.Errorf("--log-format %q: want text or json", g.logFormat)}
 			}
 			return nil
 		},

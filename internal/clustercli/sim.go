@@ -43,7 +43,7 @@ NSFLEET_ETCD that reaches them from here.`,
 	cmd.PersistentFlags().StringVar(&dir, "dir", "", "the sim's directory (required)")
 	need := func(op string) error {
 		if dir == "" {
-			return usageError{fmt.Errorf("sim %s: --dir DIR is required", op)}
+			return usageError{Err: fmt.Errorf("sim %s: --dir DIR is required", op)}
 		}
 		return caps.Need("sim " + op)
 	}
@@ -96,7 +96,7 @@ for 3 s): the run succeeds only if the checker reports it.`,
 			if faults != "" {
 				for _, f := range strings.Split(faults, ",") {
 					if !slices.Contains(sim.AllFaults, sim.Fault(f)) {
-						return usageError{fmt.Errorf("sim campaign: unknown fault %q (known: %v)", f, sim.AllFaults)}
+						return usageError{Err: fmt.Errorf("sim campaign: unknown fault %q (known: %v)", f, sim.AllFaults)}
 					}
 					o.Faults = append(o.Faults, sim.Fault(f))
 				}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/nsfleet/nsfleet/internal/reexec"
 	"io"
 	"net"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nsfleet/nsfleet/internal/reexec"
 
 	"github.com/nsfleet/nsfleet/bench"
 	"github.com/nsfleet/nsfleet/cluster"

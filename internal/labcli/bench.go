@@ -14,6 +14,7 @@ import (
 	"github.com/nsfleet/nsfleet/bench/report"
 	"github.com/nsfleet/nsfleet/bench/results"
 	"github.com/nsfleet/nsfleet/bench/vm"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/internal/progress"
 	"github.com/nsfleet/nsfleet/kprof"
 	"github.com/spf13/cobra"
@@ -52,18 +53,18 @@ that benchstat reads ('benchstat -col /engine' lays engines side by side).`,
 			}
 			s, err := bench.Lookup(args[0])
 			if err != nil {
-				return usageError{err}
+				return usageError{Err: err}
 			}
 			switch bf.output {
 			case "table", "json", "csv", "benchfmt":
 			default:
-				return usageError{fmt.Errorf("bench: -o %q: want table, json, csv or benchfmt", bf.output)}
+				return usageError{Err: fmt.Errorf("bench: -o %q: want table, json, csv or benchfmt", bf.output)}
 			}
 			o.Engines, o.Variants = splitList(bf.engines), splitList(bf.variants)
 			o.RunDir, o.Log, o.Workers = bf.benchRunDir, g.log, g.workers
 			bench.IdleMountNamespaces, bench.UeventNamespaces, bench.ChurnLimit = bf.idle, bf.listeners, bf.limit
 			if bf.idle < 0 || bf.listeners < 1 || bf.limit < 2 {
-				return usageError{fmt.Errorf("bench: --idle >= 0, --namespaces >= 1, --limit >= 2")}
+				return usageError{Err: fmt.Errorf("bench: --idle >= 0, --namespaces >= 1, --limit >= 2")}
 			}
 			if !g.verbose {
 				// The progress display says what runs; the log only what
@@ -330,7 +331,7 @@ func emitRun(g *globals, scenario string, run *bench.Run, err error, noStore boo
 		werr = writeSeedTables(g, scenario, run, output)
 	}
 	if err != nil {
-		return &exitError{code: ExitFailed}
+		return &exitError{Code: exitcode.Failed}
 	}
 	return werr
 }
@@ -346,7 +347,7 @@ func benchOnKernels(ctx context.Context, g *globals, s *bench.Scenario, o bench.
 	for _, k := range kernels {
 		if k != "host" {
 			if _, err := os.Stat(k); err != nil {
-				return usageError{fmt.Errorf("bench: --kernel %s: %w (give kernel images, or host for this machine's kernel)", k, err)}
+				return usageError{Err: fmt.Errorf("bench: --kernel %s: %w (give kernel images, or host for this machine's kernel)", k, err)}
 			}
 		}
 	}
@@ -397,7 +398,7 @@ func benchOnKernels(ctx context.Context, g *globals, s *bench.Scenario, o bench.
 		return err
 	}
 	if failed > 0 {
-		return &exitError{code: ExitFailed, err: fmt.Errorf("bench: %d of %d kernels failed", failed, len(kernels))}
+		return &exitError{Code: exitcode.Failed, Err: fmt.Errorf("bench: %d of %d kernels failed", failed, len(kernels))}
 	}
 	return nil
 }

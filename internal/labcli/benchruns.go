@@ -91,7 +91,7 @@ func benchShow(g *globals, db *string) *cobra.Command {
 			case "table":
 				return report.WriteTable(g.stdout, runs[0])
 			}
-			return usageError{fmt.Errorf("bench show: -o %q: want table, json, csv or benchfmt", output)}
+			return usageError{Err: fmt.Errorf("bench show: -o %q: want table, json, csv or benchfmt", output)}
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table, json, csv or benchfmt")
@@ -124,7 +124,7 @@ about the kernels.`,
 				return fmt.Errorf("bench compare: %s is %s but %s is %s", runs[0].ID, runs[0].Scenario, runs[1].ID, runs[1].Scenario)
 			}
 			if a, b := accelOf(runs[0]), accelOf(runs[1]); a != b && !allowMixed {
-				return usageError{fmt.Errorf("bench compare: %s ran %s but %s ran %s: an emulated or virtualized kernel is slower for reasons of its own, so the difference would be the accelerator's, not the kernels'; --allow-mixed compares anyway", runs[0].ID, describeAccel(a), runs[1].ID, describeAccel(b))}
+				return usageError{Err: fmt.Errorf("bench compare: %s ran %s but %s ran %s: an emulated or virtualized kernel is slower for reasons of its own, so the difference would be the accelerator's, not the kernels'; --allow-mixed compares anyway", runs[0].ID, describeAccel(a), runs[1].ID, describeAccel(b))}
 			}
 			cs := report.Compare(runs[0], runs[1])
 			if len(cs) == 0 {

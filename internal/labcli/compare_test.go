@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/nsfleet/nsfleet/bench"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 )
 
 // A run under TCG against a native one is refused, and says why, unless
@@ -27,14 +28,14 @@ func TestCompareRefusesMixedAccelerators(t *testing.T) {
 	native := write("native", map[string]string{"n": "200"}, 1000)
 	tcg := write("tcg", map[string]string{"n": "200", "accel": "tcg"}, 90)
 	code, _, stderr := run("bench", "compare", native, tcg)
-	if code != ExitUsage || !strings.Contains(stderr, "natively") || !strings.Contains(stderr, "under TCG (emulated)") || !strings.Contains(stderr, "--allow-mixed") {
+	if code != exitcode.Usage || !strings.Contains(stderr, "natively") || !strings.Contains(stderr, "under TCG (emulated)") || !strings.Contains(stderr, "--allow-mixed") {
 		t.Errorf("mixed compare: exit %d, %s", code, stderr)
 	}
 	code, out, stderr := run("bench", "compare", "--allow-mixed", native, tcg)
-	if code != ExitOK || !strings.Contains(out, "rate") {
+	if code != exitcode.OK || !strings.Contains(out, "rate") {
 		t.Errorf("--allow-mixed: exit %d, %s %s", code, out, stderr)
 	}
-	if code, _, stderr := run("bench", "compare", native, write("native2", map[string]string{"n": "200"}, 1010)); code != ExitOK {
+	if code, _, stderr := run("bench", "compare", native, write("native2", map[string]string{"n": "200"}, 1010)); code != exitcode.OK {
 		t.Errorf("two native runs: exit %d, %s", code, stderr)
 	}
 }

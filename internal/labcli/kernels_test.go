@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/nsfleet/nsfleet/bench"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 )
 
 // --kernel host,IMAGE: this kernel natively and IMAGE in a VM, one run
@@ -40,7 +41,7 @@ func TestBenchHostBesideVM(t *testing.T) {
 	}
 	// And a bad image is a usage error before anything runs.
 	code, _, stderr := run("bench", "fake-router", "--kernel", "host,/nonexistent/bzImage", "--no-store")
-	if code != ExitUsage || !strings.Contains(stderr, "/nonexistent/bzImage") {
+	if code != exitcode.Usage || !strings.Contains(stderr, "/nonexistent/bzImage") {
 		t.Errorf("missing image: exit %d, %s", code, stderr)
 	}
 }

@@ -7,42 +7,20 @@ package labcli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/internal/version"
 	"github.com/spf13/cobra"
 )
 
-// Exit codes, as nsfleet's.
-const (
-	ExitOK          = 0
-	ExitFailed      = 1 // something failed or was left alone
-	ExitUsage       = 2
-	ExitInterrupted = 130
+// usageError and exitError are exitcode's, by their short local names.
+type (
+	usageError = exitcode.UsageError
+	exitError  = exitcode.Error
 )
-
-// exitError carries an exit code through cobra.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string {
-	if e.err == nil {
-		return fmt.Sprintf("exit status %d", e.code)
-	}
-	return e.err.Error()
-}
-func (e *exitError) Unwrap() error { return e.err }
-
-type usageError struct{ error }
 
 type globals struct {
 	workers int
@@ -53,35 +31,11 @@ type globals struct {
 }
 
 // Run runs the lab binary with args (without the program name) and
-// returns the exit code. SIGINT and SIGTERM stop the scenario between
-// steps; what was measured is still shown and stored.
+// returns the exit code (see package exitcode). SIGINT and SIGTERM stop
+// the scenario between steps; what was measured is still shown and stored.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	g := &globals{stdout: stdout, stderr: stderr}
-	root := newRoot(g)
-	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return ExitOK
-	}
-	var ee *exitError
-	if errors.As(err, &ee) && ee.err == nil {
-		return ee.code
-	}
-	fmt.Fprintln(stderr, "nsfleet:", err)
-	var u usageError
-	switch {
-	case ee != nil:
-		return ee.code
-	case ctx.Err() != nil:
-		return ExitInterrupted
-	case errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command"):
-		return ExitUsage
-	}
-	return ExitFailed
+	return exitcode.Execute(ctx, newRoot(g), args, stdout, stderr)
 }
 
 // Command is the lab binary's command tree, for generated docs (man
@@ -105,7 +59,7 @@ reports runs.`,
 			}
 			g.log = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
 			if g.workers < 0 {
-				return usageError{fmt.Errorf("--workers %d: want 0 (automatic) or more", g.workers)}
+				return usageError{Err: fmt.Errorf("--workers %d: want 0 (automatic) or more", g.workers)}
 			}
 			return nil
 		},
@@ -117,7 +71,6 @@ reports runs.`,
 	// Completed through nsfleet's script (nsfleet asks this binary's
 	// hidden __complete), so no script of its own.
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	completions(root)
 	return root
 }

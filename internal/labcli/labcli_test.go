@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/nsfleet/nsfleet/bench/vm"
+	"github.com/nsfleet/nsfleet/internal/exitcode"
 	"github.com/nsfleet/nsfleet/internal/nstest"
 	"github.com/nsfleet/nsfleet/internal/reexec"
 )
@@ -67,7 +68,7 @@ func TestCompletion(t *testing.T) {
 // A scenario that does not exist is a usage error that names it.
 func TestUnknownScenario(t *testing.T) {
 	code, _, stderr := run("bench", "no-such-scenario")
-	if code != ExitUsage || !strings.Contains(stderr, "no-such-scenario") {
+	if code != exitcode.Usage || !strings.Contains(stderr, "no-such-scenario") {
 		t.Errorf("exit %d, %s", code, stderr)
 	}
 }
