@@ -142,7 +142,7 @@ func ChurnHelperMain(args []string) {
 	}
 	// All the work on one locked thread, which is never handed back: each
 	// unshare replaces the report's namespace and drops the previous one,
-	// exactly like the seed's loop. The process exits at the end.
+	// exactly like the report's loop. The process exits at the end.
 	runtime.LockOSThread()
 	start := time.Now()
 	enospc := 0

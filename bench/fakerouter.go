@@ -18,7 +18,7 @@ import (
 
 // fakeRouter reproduces report 000 (docs/BACKGROUND.md): Neutron's "fake routers"
 // (netns, lo up, ip_forward, two veth pairs with the peer created inside),
-// timed every mark, in the seed's five variants, by several engines.
+// timed every mark, in the report's five variants, by several engines.
 type fakeRouter struct{}
 
 func init() {
@@ -34,7 +34,7 @@ func init() {
 	})
 }
 
-// steps of a variant, as the seed's tables add them.
+// steps of a variant, as the report's tables add them.
 type routerSteps struct {
 	loUp, forward bool
 	links         int
@@ -230,7 +230,7 @@ func (f fakeRouter) external(ctx context.Context, o Options, eng string, cfg map
 	return nil
 }
 
-// ipScript runs the seed's command sequence, one ip process per command.
+// ipScript runs the report's command sequence, one ip process per command.
 func ipScript(ctx context.Context, prefix string, st routerSteps, from, to int) error {
 	for i := from; i <= to; i++ {
 		ns := prefix + "r" + strconv.Itoa(i)

@@ -114,48 +114,29 @@ func (e *Environment) holder(ino uint64) *Holder {
 	return h
 }
 
-// scanProcs walks /proc once: each process's network and mount namespace,
-// and the namespace descriptors it holds open.
+// scanProcs reads who holds each network namespace and one process per
+// mount namespace from netns's walk of /proc.
 func (e *Environment) scanProcs() {
 	var st unix.Stat_t
 	if unix.Stat("/proc/self/ns/mnt", &st) == nil {
 		e.OwnMountNS = st.Ino
 	}
-	ents, _ := os.ReadDir("/proc")
-	for _, ent := range ents {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
+	s := netns.ScanProcs()
+	e.MountNamespaces = s.MountNS
+	for ino, pids := range s.Inside {
+		h := e.holder(ino)
+		h.Procs = pids
+	}
+	for ino, pids := range s.Open {
+		h := e.holder(ino)
+		h.FDs = pids
+		for _, pid := range pids {
+			h.FDsComms = append(h.FDsComms, netns.Comm(pid))
 		}
-		base := "/proc/" + ent.Name()
-		if unix.Stat(base+"/ns/net", &st) == nil {
-			h := e.holder(st.Ino)
-			h.Procs = append(h.Procs, pid)
-			if h.Path == "" {
-				h.Path = base + "/ns/net"
-			}
-		}
-		if unix.Stat(base+"/ns/mnt", &st) == nil {
-			if _, seen := e.MountNamespaces[st.Ino]; !seen {
-				e.MountNamespaces[st.Ino] = pid
-			}
-		}
-		fds, err := os.ReadDir(base + "/fd")
-		if err != nil {
-			continue
-		}
-		for _, fd := range fds {
-			l, err := os.Readlink(base + "/fd/" + fd.Name())
-			ino, ok := netns.ParseNsLink(l)
-			if err != nil || !ok {
-				continue
-			}
-			h := e.holder(ino)
-			h.FDs = append(h.FDs, pid)
-			if h.Path == "" {
-				h.Path = base + "/fd/" + fd.Name()
-			}
-			h.FDsComms = append(h.FDsComms, readTrim(base+"/comm"))
+	}
+	for ino, path := range s.Path {
+		if h := e.holder(ino); h.Path == "" {
+			h.Path = path
 		}
 	}
 }

@@ -10,23 +10,31 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Holders says what keeps each of the network namespaces whose inode
-// numbers are in inodes alive: processes and threads inside it, open
-// files of it (a pin opened, /proc/PID/ns/net), and nsfs mounts of it in
-// the caller's mount namespace. It reads /proc of the caller's PID
-// namespace; what it cannot read (other users' processes without root,
-// processes gone meanwhile) it leaves out, so a namespace may have no
-// answer. It walks every task and open file on the machine: it is for the
-// rare report of a namespace that would not go, not for a hot path.
-func Holders(inodes map[uint64]bool) map[uint64][]string {
-	out := map[uint64][]string{}
-	add := func(ino uint64, what string) {
-		if len(out[ino]) < maxHolders {
-			out[ino] = append(out[ino], what)
-		}
-	}
-	// A pin opened by its path shows that path among a process's files,
-	// not "net:[N]": such files are told by nsfs's device and the inode.
+// ProcHolds is what one walk of /proc found about namespaces: which
+// processes are inside each network namespace and which hold one open,
+// and one process per mount namespace. It is the one holder search of
+// nsfleet (Holders and doctor read it).
+type ProcHolds struct {
+	// Inside maps a network namespace (inode) to the processes with a
+	// thread in it, each process once.
+	Inside map[uint64][]int
+	// Open maps a network namespace to the processes holding it open: a
+	// /proc/PID/ns/net link ("net:[N]") or a pin opened by its path
+	// (nsfs's device and the inode tell those), each process once.
+	Open map[uint64][]int
+	// MountNS maps each mount namespace (inode) to one process in it.
+	MountNS map[uint64]int
+	// Path names, for each network namespace found, one /proc path that
+	// opens it (a task's ns link or an open file).
+	Path map[uint64]string
+}
+
+// ScanProcs walks /proc of the caller's PID namespace once: every task
+// and open file on the machine. What it cannot read (other users'
+// processes without root, processes gone meanwhile) it leaves out. It is
+// for reports (doctor, a namespace that would not go), not a hot path.
+func ScanProcs() *ProcHolds {
+	s := &ProcHolds{Inside: map[uint64][]int{}, Open: map[uint64][]int{}, MountNS: map[uint64]int{}, Path: map[uint64]string{}}
 	var self unix.Stat_t
 	nsfs := uint64(0)
 	if unix.Stat("/proc/self/ns/net", &self) == nil {
@@ -38,20 +46,26 @@ func Holders(inodes map[uint64]bool) map[uint64][]string {
 		if err != nil {
 			continue
 		}
-		comm := func() string {
-			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-			return strings.TrimSpace(string(b))
-		}
-		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-		for _, t := range tasks {
-			if ino, ok := nsLinkInode(fmt.Sprintf("/proc/%d/task/%s/ns/net", pid, t.Name())); ok && inodes[ino] {
-				add(ino, fmt.Sprintf("pid %d (%s) is inside", pid, comm()))
-				break
+		base := "/proc/" + p.Name()
+		if ino, ok := nsInode(base + "/ns/mnt"); ok {
+			if _, seen := s.MountNS[ino]; !seen {
+				s.MountNS[ino] = pid
 			}
 		}
-		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		inside := map[uint64]bool{}
+		tasks, _ := os.ReadDir(base + "/task")
+		for _, t := range tasks {
+			path := base + "/task/" + t.Name() + "/ns/net"
+			if ino, ok := nsInode(path); ok && !inside[ino] {
+				inside[ino] = true
+				s.seen(ino, path)
+				s.Inside[ino] = append(s.Inside[ino], pid)
+			}
+		}
+		open := map[uint64]bool{}
+		fds, _ := os.ReadDir(base + "/fd")
 		for _, fd := range fds {
-			path := fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())
+			path := base + "/fd/" + fd.Name()
 			target, err := os.Readlink(path)
 			if err != nil {
 				continue
@@ -61,10 +75,38 @@ func Holders(inodes map[uint64]bool) map[uint64][]string {
 			if !ok && strings.HasPrefix(target, "/") && nsfs != 0 && unix.Stat(path, &st) == nil && uint64(st.Dev) == nsfs {
 				ino, ok = st.Ino, true
 			}
-			if ok && inodes[ino] {
-				add(ino, fmt.Sprintf("pid %d (%s) has it open", pid, comm()))
-				break
+			if ok && !open[ino] {
+				open[ino] = true
+				s.seen(ino, path)
+				s.Open[ino] = append(s.Open[ino], pid)
 			}
+		}
+	}
+	return s
+}
+
+func (s *ProcHolds) seen(ino uint64, path string) {
+	if _, ok := s.Path[ino]; !ok {
+		s.Path[ino] = path
+	}
+}
+
+// Comm is a process's command name, or "" if it is gone.
+func Comm(pid int) string {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	return strings.TrimSpace(string(b))
+}
+
+// Holders says what keeps each of the network namespaces whose inode
+// numbers are in inodes alive: processes and threads inside it, open
+// files of it, and nsfs mounts of it in the caller's mount namespace (see
+// ScanProcs for what it reads), at most a few lines each, so a namespace
+// may have no answer.
+func Holders(inodes map[uint64]bool) map[uint64][]string {
+	out := map[uint64][]string{}
+	add := func(ino uint64, what string) {
+		if len(out[ino]) < maxHolders {
+			out[ino] = append(out[ino], what)
 		}
 	}
 	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
@@ -75,6 +117,15 @@ func Holders(inodes map[uint64]bool) map[uint64][]string {
 		})
 		f.Close()
 	}
+	s := ScanProcs()
+	for ino := range inodes {
+		for _, pid := range s.Inside[ino] {
+			add(ino, fmt.Sprintf("pid %d (%s) is inside", pid, Comm(pid)))
+		}
+		for _, pid := range s.Open[ino] {
+			add(ino, fmt.Sprintf("pid %d (%s) has it open", pid, Comm(pid)))
+		}
+	}
 	for ino := range out {
 		sort.Strings(out[ino])
 	}
@@ -84,12 +135,13 @@ func Holders(inodes map[uint64]bool) map[uint64][]string {
 // maxHolders bounds what Holders says about one namespace.
 const maxHolders = 3
 
-func nsLinkInode(path string) (uint64, bool) {
-	target, err := os.Readlink(path)
-	if err != nil {
+// nsInode is the inode of the namespace a /proc ns link names.
+func nsInode(path string) (uint64, bool) {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
 		return 0, false
 	}
-	return ParseNsLink(target)
+	return st.Ino, true
 }
 
 // ParseNsLink reads a network namespace's inode number from what its

@@ -324,6 +324,23 @@ func TestHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { sleeper.Process.Kill(); sleeper.Wait() }()
+	// A process outside that holds the pin open by its path (its stdin):
+	// its fd's link names the path, not "net:[N]".
+	pin, err := os.Open(rd.PinPath("held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opener := exec.Command("sleep", "60")
+	opener.Stdin = pin
+	err = opener.Start()
+	pin.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { opener.Process.Kill(); opener.Wait() }()
+	if s := netns.ScanProcs(); !slices.Contains(s.Open[h.Inode()], opener.Process.Pid) || !slices.Contains(s.Inside[h.Inode()], sleeper.Process.Pid) {
+		t.Errorf("ScanProcs: open by %v, inside %v; want pid %d open (by its path) and pid %d inside", s.Open[h.Inode()], s.Inside[h.Inode()], opener.Process.Pid, sleeper.Process.Pid)
+	}
 	got := strings.Join(netns.Holders(map[uint64]bool{h.Inode(): true})[h.Inode()], "; ")
 	for _, want := range []string{
 		fmt.Sprintf("pid %d (sleep) is inside", sleeper.Process.Pid),
