@@ -86,6 +86,11 @@ type Agent struct {
 	// calls it when it fences, so that creation stops at once, not when
 	// the batch is done.
 	stopWork atomic.Pointer[context.CancelFunc]
+	// preempt is the bring-up in flight that may give way to a change
+	// (preempt.go); assigned is the assignment's names for the watch's
+	// pump to read (the serve loop replaces, never changes, the slice).
+	preempt  atomic.Pointer[preemption]
+	assigned atomic.Pointer[[]string]
 	joined   atomic.Bool
 	fenced   atomic.Bool
 	failsafe atomic.Bool // serving without the lease renewed (failsafe.go)
@@ -308,11 +313,21 @@ func (a *Agent) serve(ctx context.Context) {
 	retryStatus := time.NewTicker(time.Second)
 	defer retryStatus.Stop()
 	for {
-		// Lease events first: a fence must not wait behind other work.
+		// Lease events first: a fence must not wait behind other work;
+		// then the watch: a change must not wait behind drift that a
+		// bring-up which gave way to it handed back.
 		select {
 		case ev := <-events:
 			if !a.leaseEvent(ctx, ev, w) {
 				return
+			}
+			continue
+		default:
+		}
+		select {
+		case it, ok := <-w.ch:
+			if w.take(it.resp, ok && it.ok) {
+				a.reconcile(ctx, OnChange)
 			}
 			continue
 		default:
@@ -324,8 +339,8 @@ func (a *Agent) serve(ctx context.Context) {
 			}
 		case <-ctx.Done():
 			return
-		case resp, ok := <-w.ch:
-			if w.take(resp, ok) {
+		case it, ok := <-w.ch:
+			if w.take(it.resp, ok && it.ok) {
 				a.reconcile(ctx, OnChange)
 			}
 		case <-w.retry.C:

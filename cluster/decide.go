@@ -92,7 +92,10 @@ type Decision struct {
 	// Teardown: pinned here, the cluster's (in the spec or served
 	// before), not wanted. Foreign pins are never listed.
 	Teardown []string
-	// Up: wanted namespaces to hand to the engine (create, change, check).
+	// Up: wanted namespaces to hand to the engine (create, change, check),
+	// in the order the engine takes them: those whose spec changed or that
+	// kernel events named first, so that a change of one router is in its
+	// kernel before a large creation or check is through.
 	Up []string
 	// Previous holds, for the Up namespaces whose spec changed, what they
 	// were made to match before: what the engine removes that the new
@@ -151,6 +154,7 @@ func Decide(t Trigger, o Observation) Decision {
 		d.Want = nil
 		return d
 	}
+	var rest []string // Up's after the urgent ones
 	for _, n := range d.Want {
 		want, _ := o.Fleet.Lookup(n)
 		prev, applied := o.Applied[n]
@@ -168,19 +172,27 @@ func Decide(t Trigger, o Observation) Decision {
 			places = LinkPlaces(want, d.Want, o.Tunnels)
 			moved = places != o.Placed[n]
 		}
-		if changed || moved || !applied || t == OnResync || t == OnDrift && (o.AllDrifted || o.Drifted[n]) {
-			d.Up = append(d.Up, n)
-			if places != "" {
-				if d.Places == nil {
-					d.Places = map[string]string{}
-				}
-				d.Places[n] = places
-			}
-		}
 		if len(want.Processes) > 0 {
 			d.Supervise = append(d.Supervise, n)
 		}
+		named := t == OnDrift && o.Drifted[n]
+		checked := moved || !applied || t == OnResync || t == OnDrift && o.AllDrifted
+		switch {
+		case changed || named:
+			d.Up = append(d.Up, n)
+		case checked:
+			rest = append(rest, n)
+		default:
+			continue
+		}
+		if places != "" {
+			if d.Places == nil {
+				d.Places = map[string]string{}
+			}
+			d.Places[n] = places
+		}
 	}
+	d.Up = append(d.Up, rest...)
 	return d
 }
 

@@ -103,6 +103,11 @@ func TestDecide(t *testing.T) {
 		obs:     Observation{Fleet: oneChanged, Assigned: all, Pins: all, Applied: appliedAll(f3, all...)},
 		want:    Decision{Want: all, Up: []string{"r-2"}, Previous: appliedAll(f3, "r-2")},
 	}, {
+		name:    "a change goes before a check of everything",
+		trigger: OnResync,
+		obs:     Observation{Fleet: oneChanged, Assigned: all, Pins: all, Applied: appliedAll(f3, all...)},
+		want:    Decision{Want: all, Up: []string{"r-2", "r-1", "r-3"}, Previous: appliedAll(f3, "r-2")},
+	}, {
 		name:    "not ready (failed before): tried again on any change",
 		trigger: OnChange,
 		obs:     Observation{Fleet: f3, Assigned: all, Pins: all, Applied: appliedAll(f3, "r-1", "r-3")},

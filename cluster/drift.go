@@ -136,6 +136,20 @@ func (d *driftWatch) mark(ns string) {
 	}
 }
 
+// requeue marks names to be checked again: a bring-up that gave way to a
+// change hands back what it did not reach.
+func (d *driftWatch) requeue(names []string) {
+	d.mu.Lock()
+	for _, n := range names {
+		d.pending[n] = true
+	}
+	d.mu.Unlock()
+	select {
+	case d.notify <- struct{}{}:
+	default:
+	}
+}
+
 func (d *driftWatch) markAll() {
 	d.mu.Lock()
 	d.unknown = true

@@ -182,8 +182,23 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 	if news >= bulkThreshold {
 		defer a.drift.quiet()()
 	}
+	// A large bring-up without links gives way to a change (preempt.go).
+	// Links are left out: their namespaces are tallied only after the
+	// links' phase, which a bring-up that gave way would not reach.
+	var pre *preemption
+	reached := map[string]bool{}
+	if len(dec.Up) >= preemptMin && len(dec.Places) == 0 && a.drift != nil {
+		pre = newPreemption(ctx)
+		defer pre.cancel()
+		ctx = pre.ctx
+		a.preempt.Store(pre)
+		defer a.preempt.Store(nil)
+	}
 	start := time.Now()
 	sum, err := a.kernel.up(ctx, cat.subset(dec.Up), dec.Previous, a.tunnel(dec.Want), func(r fleet.Result) {
+		if pre != nil {
+			reached[r.Name] = true
+		}
 		switch {
 		case r.Err != nil || r.Action == fleet.Failed:
 			delete(a.held.applied, r.Name)
@@ -203,6 +218,17 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 			}
 		}
 	})
+	if pre != nil && pre.fired.Load() {
+		var rest []string
+		for _, n := range dec.Up {
+			if !reached[n] {
+				rest = append(rest, n)
+			}
+		}
+		a.drift.requeue(rest)
+		a.log.Info("gave way to a change", "done", len(reached), "left", len(rest), "after", time.Since(start).Round(time.Millisecond))
+		err = nil // not a failure: the rest comes next
+	}
 	if err != nil {
 		fail.note(err)
 	}

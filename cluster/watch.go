@@ -253,6 +253,7 @@ func (a *Agent) mergeAssign() {
 		a.held.served[n] = true
 	}
 	d.assign = as
+	a.assigned.Store(&as.Names)
 	a.learnHosts(added)
 }
 
@@ -298,7 +299,7 @@ func readAll(ctx context.Context, cli *clientv3.Client) (*Snapshot, map[string][
 type specWatch struct {
 	a      *Agent
 	ctx    context.Context
-	ch     clientv3.WatchChan // nil: not watching
+	ch     chan watchItem // from the pump; nil: not watching
 	cancel context.CancelFunc
 	retry  *time.Timer
 }
@@ -319,7 +320,9 @@ func (w *specWatch) restart() bool {
 	w.a.load(snap, kvs)
 	wctx, wcancel := context.WithCancel(w.ctx)
 	w.cancel = wcancel
-	w.ch = w.a.cli.Watch(clientv3.WithRequireLeader(wctx), Prefix, clientv3.WithPrefix(), clientv3.WithRev(snap.Rev+1))
+	src := w.a.cli.Watch(clientv3.WithRequireLeader(wctx), Prefix, clientv3.WithPrefix(), clientv3.WithRev(snap.Rev+1))
+	w.ch = make(chan watchItem, 64)
+	go w.a.pump(wctx, src, w.ch)
 	return true
 }
 

@@ -198,6 +198,12 @@ func upSimIn(t *testing.T, dir string, ttl time.Duration, args ...string) (strin
 				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 				t.Logf("%s (last 40 lines):\n%s", l, strings.Join(lines[max(0, len(lines)-40):], "\n"))
 			}
+			members, _ := filepath.Glob(filepath.Join(dir, "etcd", "*", "member.log"))
+			for _, l := range members {
+				b, _ := os.ReadFile(l)
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				t.Logf("%s (last 15 lines):\n%s", l, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+			}
 		}
 		if _, err := run(t, "sim", "down", "--dir", dir); err != nil {
 			t.Error(err)
