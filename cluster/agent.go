@@ -312,6 +312,11 @@ func (a *Agent) serve(ctx context.Context) {
 	defer resync.Stop()
 	retryStatus := time.NewTicker(time.Second)
 	defer retryStatus.Stop()
+	watched := func(it watchItem, ok bool) {
+		if w.take(it.resp, ok && it.ok) {
+			a.reconcile(ctx, OnChange)
+		}
+	}
 	for {
 		// Lease events first: a fence must not wait behind other work;
 		// then the watch: a change must not wait behind drift that a
@@ -326,9 +331,7 @@ func (a *Agent) serve(ctx context.Context) {
 		}
 		select {
 		case it, ok := <-w.ch:
-			if w.take(it.resp, ok && it.ok) {
-				a.reconcile(ctx, OnChange)
-			}
+			watched(it, ok)
 			continue
 		default:
 		}
@@ -340,9 +343,7 @@ func (a *Agent) serve(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case it, ok := <-w.ch:
-			if w.take(it.resp, ok && it.ok) {
-				a.reconcile(ctx, OnChange)
-			}
+			watched(it, ok)
 		case <-w.retry.C:
 			if w.ch == nil && w.restart() {
 				a.reconcile(ctx, OnChange)

@@ -186,9 +186,9 @@ func (a *Agent) bringUp(ctx context.Context, dec Decision, fail *failures) {
 	// Links are left out: their namespaces are tallied only after the
 	// links' phase, which a bring-up that gave way would not reach.
 	var pre *preemption
-	reached := map[string]bool{}
+	var reached map[string]bool // with pre: what the engine reported on
 	if len(dec.Up) >= preemptMin && len(dec.Places) == 0 && a.drift != nil {
-		pre = newPreemption(ctx)
+		pre, reached = newPreemption(ctx), map[string]bool{}
 		defer pre.cancel()
 		ctx = pre.ctx
 		a.preempt.Store(pre)

@@ -187,22 +187,16 @@ func (st *Cluster) makeHub() error {
 
 // start runs the cluster binary with args as a daemon (own session, output
 // to log) inside netNS (nil: here) and the mount namespace at mntPin.
-func (st *Cluster) start(name string, args []string, netPin, mntPin, log string) (Daemon, error) {
+func (st *Cluster) start(name string, nice int, args []string, netPin, mntPin, log string) (Daemon, error) {
 	out, err := os.OpenFile(log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return Daemon{}, err
 	}
 	defer out.Close()
 	cmd := exec.Command(st.Binary, args...)
-	if strings.HasPrefix(name, "etcd ") {
-		// The members stand for etcd's own machines, which a real
-		// cluster's gateways do not starve: here they share two cores
-		// with every node's kernel work (a failover of 13,000 routers
-		// and the kernel freeing the lost node's as many), and at the
-		// same priority they missed their heartbeats and stopped
-		// committing. nice(1) gives the member, and every thread it
-		// starts, a larger share of the CPU.
-		cmd = exec.Command("nice", append([]string{"-n", strconv.Itoa(memberNice), st.Binary}, args...)...)
+	if nice != 0 {
+		// nice(1): the process and every thread it starts.
+		cmd = exec.Command("nice", append([]string{"-n", strconv.Itoa(nice), st.Binary}, args...)...)
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Dir = "/"
@@ -223,7 +217,11 @@ func (st *Cluster) start(name string, args []string, netPin, mntPin, log string)
 	return d, nil
 }
 
-// memberNice is the etcd members' nice value (see start).
+// memberNice is the etcd members' nice value. They stand for etcd's own
+// machines, which a real cluster's gateways do not starve: here they share
+// two cores with every node's kernel work (a failover of 13,000 routers
+// and the kernel freeing the lost node's as many), and at the same
+// priority they missed their heartbeats and stopped committing.
 const memberNice = -10
 
 func (st *Cluster) startMembers() error {
@@ -248,7 +246,7 @@ func (st *Cluster) startMember(k int) (Daemon, error) {
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		return Daemon{}, err
 	}
-	return st.start("etcd "+name, []string{"__etcd-member", "--name", name, "--data-dir", data,
+	return st.start("etcd "+name, memberNice, []string{"__etcd-member", "--name", name, "--data-dir", data,
 		"--client", "http://" + MemberAddr(k) + ":2379", "--peer", "http://" + MemberAddr(k) + ":2380",
 		"--initial-cluster", strings.Join(cluster, ",")}, st.HubPin, "", filepath.Join(data, "member.log"))
 }
@@ -286,7 +284,7 @@ func RestartMember(dir string, k int) error {
 func (st *Cluster) startProxy() error {
 	addrFile := filepath.Join(st.Dir, "proxy.addr")
 	os.Remove(addrFile)
-	d, err := st.start("proxy", []string{"sim", "__sim-proxy", "--hub", st.HubPin, "--addr-file", addrFile,
+	d, err := st.start("proxy", 0, []string{"sim", "__sim-proxy", "--hub", st.HubPin, "--addr-file", addrFile,
 		"--to", strings.Join(Endpoints(), ",")}, "", "", filepath.Join(st.Dir, "proxy.log"))
 	if err != nil {
 		return err
@@ -394,7 +392,7 @@ func (st *Cluster) startAgent(n *NodeInfo) error {
 		st.Binary = n.Binary
 		defer func() { st.Binary = bin }()
 	}
-	d, err := st.start("agent "+n.Name, args, n.NetPin, n.MntPin, filepath.Join(filepath.Dir(n.RunDir), "agent.log"))
+	d, err := st.start("agent "+n.Name, 0, args, n.NetPin, n.MntPin, filepath.Join(filepath.Dir(n.RunDir), "agent.log"))
 	if err != nil {
 		return fmt.Errorf("%s: %w", n.Name, err)
 	}
